@@ -1,0 +1,33 @@
+"""everystep: durable workflows for Django.
+
+Importing this package imports no Django models, so ``from everystep import step``
+works from a module that settings import. The public names load on first use.
+"""
+
+from importlib import import_module
+
+__all__ = [
+    "workflow",
+    "step",
+    "parallel",
+    "schedule",
+    "Terminal",
+    "EverystepError",
+]
+
+_LAZY = {
+    "workflow": "everystep.api",
+    "step": "everystep.api",
+    "parallel": "everystep.api",
+    "schedule": "everystep.api",
+    "Terminal": "everystep.api",
+    "EverystepError": "everystep.errors",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'everystep' has no attribute {name!r}")

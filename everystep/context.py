@@ -1,0 +1,141 @@
+"""The running workflow's context, one per thread.
+
+A run has one :class:`RunState` (identity, outcome store, halt) shared by all
+its threads; each scope (the body, each ``parallel`` branch) has its own
+:class:`Context` with its own step counter.
+"""
+
+import threading
+import types
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EverystepError
+
+MAX_STEP_ID_LENGTH = 300
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A recorded step: status ``done``, ``failed`` or ``started``."""
+
+    status: str
+    name: str
+    result: Any = None
+    error: dict | None = None
+
+    def exception(self) -> BaseException:
+        """A fresh instance of the recorded exception."""
+        from .serde import decode_exception
+
+        return decode_exception(self.error)
+
+
+class RunState:
+    """What all threads of one run share. ``halt`` is the first control
+    exception raised (Terminal, divergence, uncertainty, drain, crash): once
+    set, no further step starts, whatever the body catches."""
+
+    def __init__(self, workflow_id, name: str, claimer: str, leave_check: Callable | None = None):
+        self.workflow_id = workflow_id
+        self.name = name
+        self.claimer = claimer
+        self.store: dict[str, Outcome] = {}
+        self.halt: BaseException | None = None
+        self.engine_error: BaseException | None = None
+        self.leave_check = leave_check
+        self._lock = threading.Lock()
+
+    def halt_with(self, exc: BaseException):
+        with self._lock:
+            if self.halt is None:
+                self.halt = exc
+        raise exc
+
+    def check(self) -> None:
+        """Raise the halt, or halt if the worker wants the run back (drain, fence)."""
+        if self.halt is not None:
+            raise self.halt
+        if self.leave_check is not None:
+            reason = self.leave_check()
+            if reason is not None:
+                self.halt_with(reason)
+
+
+class Context:
+    def __init__(self, state: RunState, prefix: str = ""):
+        self.state = state
+        self.prefix = prefix
+        self.running_step: str | None = None
+        self._counter = 0
+        self._names: set[str] = set()
+
+    @property
+    def workflow_id(self):
+        return self.state.workflow_id
+
+    @property
+    def workflow_name(self) -> str:
+        return self.state.name
+
+    @property
+    def outcomes(self) -> types.MappingProxyType:
+        """Recorded outcomes keyed by step id (read-only, values decoded)."""
+        return types.MappingProxyType(self.state.store)
+
+    def next_id(self, everystep_id: str | None = None) -> str:
+        """Advance this scope's counter and return the full dotpath of the call."""
+        self._counter += 1
+        where = f"run {self.workflow_id}, scope {self.prefix or '(top)'}"
+        if everystep_id is None:
+            return self._bounded(f"{self.prefix}{self._counter}", where)
+        if not isinstance(everystep_id, str) or not everystep_id:
+            raise EverystepError(
+                f"everystep_id must be a non-empty string, got {everystep_id!r} ({where})"
+            )
+        if "." in everystep_id:
+            raise EverystepError(
+                f"everystep_id {everystep_id!r} contains '.', which separates dotpath levels ({where})"
+            )
+        if everystep_id.isdigit():
+            raise EverystepError(
+                f"everystep_id {everystep_id!r} is all digits and could collide with positional ids ({where})"
+            )
+        if everystep_id in self._names:
+            raise EverystepError(
+                f"everystep_id {everystep_id!r} is used twice in one scope ({where})"
+            )
+        step_id = self._bounded(f"{self.prefix}{everystep_id}", where)
+        self._names.add(everystep_id)
+        return step_id
+
+    @staticmethod
+    def _bounded(step_id: str, where: str) -> str:
+        if len(step_id) > MAX_STEP_ID_LENGTH:
+            raise EverystepError(
+                f"step id {step_id[:60]}... is {len(step_id)} characters; the limit is "
+                f"{MAX_STEP_ID_LENGTH} for the full dotpath ({where}). "
+                "Use a shorter everystep_id or nest fewer forks."
+            )
+        return step_id
+
+    def child(self, prefix: str) -> "Context":
+        return Context(self.state, prefix)
+
+
+def current() -> Context | None:
+    """The running workflow's context on this thread, or ``None`` outside a run."""
+    return getattr(_local, "context", None)
+
+
+@contextmanager
+def activate(context: Context | None):
+    previous = current()
+    _local.context = context
+    try:
+        yield context
+    finally:
+        _local.context = previous

@@ -1,0 +1,49 @@
+"""Every exception everystep raises derives from ``EverystepError``.
+
+Messages name the run, the step, what went wrong and what to do next.
+"""
+
+
+class EverystepError(Exception):
+    """Base class of everything everystep raises."""
+
+
+class WorkflowCodeError(EverystepError):
+    """The workflow's code no longer matches what the run recorded (divergence)."""
+
+
+class StepFailure(EverystepError):
+    """A recorded step failure whose original exception cannot be rebuilt,
+    or a failure an operator recorded when resolving a blocked run."""
+
+
+class EffectUncertain(EverystepError):
+    """An unsafe-to-repeat step started but its outcome was never recorded."""
+
+
+class SimulatedCrash(EverystepError):
+    """Raised by a ``runner.fault`` hook to end a run as a process death would."""
+
+
+class DrainOrphan(EverystepError):
+    """Internal: the run must leave this worker at the next step boundary
+    (the worker is draining, or the run was stopped, requeued or taken over)."""
+
+
+class Fenced(DrainOrphan):
+    """Internal: the run is no longer ``running`` under this worker's name."""
+
+
+class Terminal(EverystepError):
+    """Raised by a step to stop its run deliberately: the run ends ``stopped``.
+
+    ``reason`` is a short human sentence; ``payload`` any serializable detail.
+    """
+
+    def __init__(self, reason, payload=None):
+        super().__init__(reason, payload)
+        self.reason = reason
+        self.payload = payload
+
+    def __str__(self):
+        return str(self.reason)

@@ -1,0 +1,110 @@
+"""The two tables of the data model: one row per run, one row per executed step."""
+
+import uuid6
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .fields import EverystepJSONField
+
+
+class WorkflowQuerySet(models.QuerySet):
+    def claimable(self):
+        """Runs a worker may claim, in claim order."""
+        return self.filter(status=Workflow.Status.SCHEDULED).order_by("created_at")
+
+    def terminal(self):
+        return self.filter(status__in=Workflow.Status.terminal_values())
+
+    def parked_by(self, name):
+        """Runs left ``running`` under a claimer's name."""
+        return self.filter(status=Workflow.Status.RUNNING, claimed_by=name)
+
+
+class Workflow(models.Model):
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        STOPPED = "stopped"
+        BLOCKED = "blocked"
+
+        @classmethod
+        def terminal_values(cls):
+            return [cls.COMPLETED, cls.FAILED, cls.STOPPED, cls.BLOCKED]
+
+    id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
+    name = models.CharField(max_length=300)
+    args = EverystepJSONField(default=list)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    status = models.CharField(
+        max_length=16, choices=Status, default=Status.SCHEDULED, db_index=True
+    )
+    claimed_by = models.CharField(max_length=255, null=True, blank=True)
+    result = EverystepJSONField(null=True, blank=True)
+    error = EverystepJSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowQuerySet.as_manager()
+
+    class Meta:
+        db_table = "everystep_workflow"
+        ordering = ["-id"]
+        indexes = [
+            # Serves the claim query: scheduled rows in created_at order.
+            models.Index(
+                fields=["created_at"],
+                condition=Q(status="scheduled"),
+                name="everystep_workflow_claim_idx",
+            )
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="everystep_workflow_idempotency_uniq",
+            )
+        ]
+        permissions = [
+            ("retry_workflow", "Can retry a failed or stopped run"),
+            ("stop_workflow", "Can stop a run"),
+            ("resolve_workflow", "Can resolve a blocked run"),
+            ("requeue_workflow", "Can requeue a running run"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} {self.id}"
+
+    @property
+    def is_terminal(self):
+        return self.status in Workflow.Status.terminal_values()
+
+
+class Step(models.Model):
+    class Status(models.TextChoices):
+        STARTED = "started"
+        DONE = "done"
+        FAILED = "failed"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=300)
+    name = models.CharField(max_length=300)
+    args = EverystepJSONField(default=list)
+    kwargs = EverystepJSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status)
+    result = EverystepJSONField(null=True, blank=True)
+    error = EverystepJSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "everystep_step"
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow", "step_id"], name="everystep_step_workflow_step_id_uniq"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.step_id} {self.name}"

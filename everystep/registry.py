@@ -1,0 +1,73 @@
+"""Registered workflows and steps, by qualified name ``module.qualname``.
+
+The name is what ``everystep_workflow.name`` and ``everystep_step.name`` store,
+so renaming or moving a function changes its identity.
+"""
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_lock = threading.Lock()
+_workflows: dict[str, "Spec"] = {}
+_steps: dict[str, "Spec"] = {}
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    func: Callable
+    kind: str  # "workflow" or "step"
+    unsafe_to_repeat: bool = False
+
+
+def qualified_name(func: Callable) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def register(spec: Spec) -> None:
+    table = _workflows if spec.kind == "workflow" else _steps
+    with _lock:
+        table[spec.name] = spec
+
+
+def workflow_names() -> list[str]:
+    return sorted(_workflows)
+
+
+def get_workflow(name: str) -> Spec | None:
+    """The workflow registered under ``name``, importing its module on first use."""
+    spec = _workflows.get(name)
+    if spec is None:
+        _import_owner(name)
+        spec = _workflows.get(name)
+    return spec
+
+
+def get_step(name: str) -> Spec | None:
+    spec = _steps.get(name)
+    if spec is None:
+        _import_owner(name)
+        spec = _steps.get(name)
+    return spec
+
+
+def _import_owner(name: str) -> None:
+    """Import the longest module prefix of ``name``; decorators register on import."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:cut]))
+            return
+        except ImportError:
+            continue
+        except Exception:  # a broken module must not take a worker down
+            return
+
+
+def autodiscover() -> None:
+    """Import ``workflows`` modules of all installed apps, as the admin does for ``admin``."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("workflows")

@@ -1,0 +1,393 @@
+"""Executes one claimed run by replaying its body from the top.
+
+Invariants (what a crash at any line leaves behind):
+- a step's row is written only after its function returned or raised, in its
+  own autocommit statement, so a crash before that leaves the step unrecorded
+  and it runs again on the next claim (at-least-once);
+- an unsafe-to-repeat step inserts a ``started`` row before its function runs,
+  so a crash in between leaves ``started``, and the next claim blocks the run
+  instead of repeating the effect;
+- every write is fenced on the run still being ``running`` under this worker's
+  name: once an operator stopped or requeued the run, or another worker took it,
+  this worker writes nothing more;
+- the run's end is one guarded UPDATE; a crash before it leaves the run
+  ``running`` under this worker's name, which re-claims it at start-up.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
+from django.db import connections as db_connections
+
+from . import operations, registry, serde
+from .context import Context, Outcome, RunState, activate, current
+from .errors import (
+    DrainOrphan,
+    EffectUncertain,
+    EverystepError,
+    Fenced,
+    SimulatedCrash,
+    Terminal,
+    WorkflowCodeError,
+)
+from .models import Step, Workflow
+
+logger = logging.getLogger("everystep")
+
+# Test hook: ``fault(ctx, step_id)`` runs after a step's function and before its
+# outcome is written. Raising SimulatedCrash there ends the run as a process death would.
+fault: Callable | None = None
+
+Status = Workflow.Status
+StepStatus = Step.Status
+
+
+# ---------------------------------------------------------------- running a run
+
+
+def execute(run: Workflow, claimer: str, *, leave_check: Callable | None = None) -> str | None:
+    """Replay ``run`` (claimed by ``claimer``) and record how it ended.
+
+    Returns the status written, or ``None`` when nothing was written (a
+    simulated crash, or the run no longer belongs to this worker).
+    ``leave_check()`` is asked at every step boundary; returning a
+    ``DrainOrphan`` makes the run leave this worker there.
+    """
+    spec = registry.get_workflow(run.name)
+    if spec is None:
+        error = EverystepError(
+            f"run {run.id}: no @workflow is registered as {run.name!r} (was it renamed or "
+            "removed?). Deploy the code that defines it, then retry the run."
+        )
+        return _end(run, claimer, Status.FAILED, error=serde.encode_exception(error))
+    state = RunState(run.id, run.name, claimer, leave_check)
+    state.store = _load_outcomes(run.id)
+    value, raised = None, None
+    try:
+        with activate(Context(state)):
+            value = spec.func(*run.args)
+    except Exception as exc:
+        raised = exc
+    outcome = state.halt or raised
+    return _conclude(run, state, value, outcome)
+
+
+def _load_outcomes(run_id) -> dict[str, Outcome]:
+    rows = Step.objects.filter(workflow_id=run_id).values_list(
+        "step_id", "status", "name", "result", "error"
+    )
+    return {sid: Outcome(status, name, result, error) for sid, status, name, result, error in rows}
+
+
+def _conclude(run, state: RunState, value, outcome) -> str | None:
+    if isinstance(outcome, SimulatedCrash):
+        return None
+    if isinstance(outcome, Fenced):
+        logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
+        return None
+    if isinstance(outcome, DrainOrphan):
+        operations_retrying(operations.release_run, run.id, state.claimer)
+        return Status.SCHEDULED
+    if state.engine_error is not None and isinstance(outcome, OperationalError | InterfaceError):
+        # The database went away mid-record: the run is fine, its record is not.
+        # Put it back so that a replay (here or elsewhere) finishes it.
+        logger.warning("run %s: database error while recording (%s); requeueing", run.id, outcome)
+        operations_retrying(operations.release_run, run.id, state.claimer)
+        return Status.SCHEDULED
+    if isinstance(outcome, Terminal):
+        return _end(run, state.claimer, Status.STOPPED, error=serde.encode_exception(outcome))
+    if isinstance(outcome, EffectUncertain):
+        return _end(run, state.claimer, Status.BLOCKED, error=serde.encode_exception(outcome))
+    if outcome is not None:
+        if state.engine_error is not None:
+            logger.error("run %s: engine error while recording: %r", run.id, outcome)
+        return _end(run, state.claimer, Status.FAILED, error=serde.encode_exception(outcome))
+    try:
+        serde.encode(value)
+    except EverystepError as exc:
+        error = EverystepError(
+            f"run {run.id}: the workflow's return value is not serializable: {exc}"
+        )
+        return _end(run, state.claimer, Status.FAILED, error=serde.encode_exception(error))
+    return _end(run, state.claimer, Status.COMPLETED, result=value)
+
+
+def _end(run, claimer, status, *, result=None, error=None) -> str | None:
+    if operations_retrying(
+        operations.finish_run, run.id, claimer, status, result=result, error=error
+    ):
+        return status
+    logger.warning(
+        "run %s is no longer running under %r; its end (%s) was not recorded",
+        run.id,
+        claimer,
+        status,
+    )
+    return None
+
+
+def operations_retrying(func, *args, attempts: int = 30, **kwargs):
+    """Call a transition, reconnecting through a database restart (about a minute)."""
+    for attempt in range(attempts):
+        try:
+            return func(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == attempts - 1:
+                raise
+            logger.warning("database unavailable (%s); retrying", exc)
+            connection.close()
+            time.sleep(min(0.2 * 2**attempt, 2.0))
+
+
+# ---------------------------------------------------------------- steps
+
+
+def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str | None) -> Any:
+    """A step call: served from the store when recorded, else run and recorded."""
+    ctx = current()
+    if ctx is None or ctx.running_step is not None:
+        return spec.func(*args, **kwargs)  # outside a run, or nested inside a step
+    state = ctx.state
+    state.check()
+    step_id = ctx.next_id(everystep_id)
+    recorded = state.store.get(step_id)
+    if recorded is not None:
+        if recorded.name != spec.name:
+            state.halt_with(
+                WorkflowCodeError(
+                    f"run {state.workflow_id}: step {step_id} was recorded as {recorded.name} but the "
+                    f"code now calls {spec.name} there. The workflow's code changed under a running "
+                    "run: deploy the old code to finish it, or stop it."
+                )
+            )
+        if recorded.status == StepStatus.DONE:
+            return recorded.result
+        if recorded.status == StepStatus.FAILED:
+            raise recorded.exception()
+        if spec.unsafe_to_repeat:
+            state.halt_with(_uncertain(state, step_id, spec))
+    try:
+        stored_args, stored_kwargs = serde.encode(list(args)), serde.encode(kwargs)
+    except EverystepError as exc:
+        raise EverystepError(
+            f"run {state.workflow_id}, step {step_id} ({spec.name}): arguments are not "
+            f"serializable, the step did not run: {exc}"
+        ) from None
+    in_place = recorded is not None  # a started row from an earlier pass
+    if spec.unsafe_to_repeat and not in_place:
+        _claim_effect(state, step_id, spec, stored_args, stored_kwargs)
+        in_place = True
+    ctx.running_step = step_id
+    try:
+        result = spec.func(*args, **kwargs)
+    except Exception as exc:
+        ctx.running_step = None
+        _fault(ctx, step_id)
+        _record(
+            state,
+            step_id,
+            spec,
+            stored_args,
+            stored_kwargs,
+            StepStatus.FAILED,
+            error=serde.encode_exception(exc),
+            in_place=in_place,
+        )
+        if isinstance(exc, Terminal):
+            state.halt_with(exc)
+        raise
+    ctx.running_step = None
+    _fault(ctx, step_id)
+    try:
+        serde.encode(result)
+    except EverystepError as exc:
+        raise EverystepError(
+            f"run {state.workflow_id}, step {step_id} ({spec.name}): the return value is not "
+            f"serializable, so it was not recorded and the step runs again on resume: {exc}"
+        ) from None
+    _record(
+        state,
+        step_id,
+        spec,
+        stored_args,
+        stored_kwargs,
+        StepStatus.DONE,
+        result=result,
+        in_place=in_place,
+    )
+    return result
+
+
+def _uncertain(state: RunState, step_id: str, spec: registry.Spec) -> EffectUncertain:
+    return EffectUncertain(
+        f"run {state.workflow_id}: unsafe-to-repeat step {step_id} ({spec.name}) started but "
+        "its outcome was never recorded, so its effect may or may not have happened. Check the "
+        "effect, then resolve: python manage.py everystep_resolve_step "
+        f"{state.workflow_id} {step_id} (--result JSON | --error MESSAGE | --discard)"
+    )
+
+
+def _fault(ctx: Context, step_id: str) -> None:
+    if fault is not None:
+        try:
+            fault(ctx, step_id)
+        except SimulatedCrash as crash:
+            ctx.state.halt_with(crash)
+
+
+_INSERT_SQL = (
+    "INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s FROM everystep_workflow "
+    "WHERE id = %s AND status = 'running' AND claimed_by = %s"
+)
+
+
+def _insert(state: RunState, step_id, spec, args, kwargs, status, result, error) -> None:
+    """One statement records the step and fences it on the run's owner."""
+    fields = {f.name: f for f in Step._meta.fields}
+    conn = db_connections["default"]
+    run_id = Workflow._meta.pk.get_db_prep_value(state.workflow_id, conn)
+    params = [
+        run_id,
+        step_id,
+        spec.name,
+        fields["args"].get_db_prep_save(args, conn),
+        fields["kwargs"].get_db_prep_save(kwargs, conn),
+        status,
+        fields["result"].get_db_prep_save(result, conn),
+        fields["error"].get_db_prep_save(error, conn),
+        run_id,
+        state.claimer,
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(_INSERT_SQL, params)
+        if cursor.rowcount != 1:
+            state.halt_with(
+                Fenced(
+                    f"run {state.workflow_id} is no longer running under "
+                    f"{state.claimer!r}; step {step_id} was not recorded"
+                )
+            )
+
+
+def _claim_effect(state: RunState, step_id, spec, args, kwargs) -> None:
+    """The ``started`` row: an atomic claim on the effect (the unique constraint decides)."""
+    try:
+        _guarded_db(
+            state, _insert, state, step_id, spec, args, kwargs, StepStatus.STARTED, None, None
+        )
+    except IntegrityError:
+        state.halt_with(_uncertain(state, step_id, spec))
+    state.store[step_id] = Outcome(StepStatus.STARTED, spec.name)
+
+
+def _record(
+    state, step_id, spec, args, kwargs, status, *, result=None, error=None, in_place=False
+) -> None:
+    if in_place:
+        _guarded_db(state, _complete_started, state, step_id, status, result, error)
+    else:
+        try:
+            _guarded_db(state, _insert, state, step_id, spec, args, kwargs, status, result, error)
+        except IntegrityError:
+            state.halt_with(
+                Fenced(
+                    f"step {step_id} of run {state.workflow_id} was recorded "
+                    "meanwhile by another worker"
+                )
+            )
+    state.store[step_id] = Outcome(status, spec.name, result, error)
+
+
+def _complete_started(state: RunState, step_id, status, result, error) -> None:
+    updated = Step.objects.filter(
+        workflow_id=state.workflow_id,
+        step_id=step_id,
+        status=StepStatus.STARTED,
+        workflow__status=Status.RUNNING,
+        workflow__claimed_by=state.claimer,
+    ).update(status=status, result=result, error=error)
+    if not updated:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; step {step_id} was not completed"
+            )
+        )
+
+
+def _guarded_db(state: RunState, func, *args):
+    """Run an engine write; a database error halts the run as an engine error."""
+    try:
+        return func(*args)
+    except IntegrityError:
+        raise
+    except DatabaseError as exc:
+        state.engine_error = exc
+        state.halt_with(exc)
+
+
+# ---------------------------------------------------------------- parallel
+
+
+def run_parallel(branches: Sequence, everystep_id: str | None) -> tuple:
+    callables = [_as_callable(branch, i) for i, branch in enumerate(branches)]
+    ctx = current()
+    if ctx is None or ctx.running_step is not None:
+        return _gather(callables, [None] * len(callables), None)
+    ctx.state.check()
+    fork_id = ctx.next_id(everystep_id)
+    children = [ctx.child(f"{fork_id}.{i}.") for i in range(len(callables))]
+    return _gather(callables, children, ctx.state)
+
+
+def _as_callable(branch, index: int) -> Callable:
+    if isinstance(branch, list | tuple):
+        if not all(callable(item) for item in branch):
+            raise TypeError(f"parallel branch {index}: a sequence branch must hold only callables")
+        items = list(branch)
+        return lambda: tuple(item() for item in items)
+    if not callable(branch):
+        raise TypeError(
+            f"parallel branch {index} is a {type(branch).__name__}; pass a zero-argument callable "
+            "(e.g. lambda: my_step(x)) or a list of them"
+        )
+    return branch
+
+
+def _gather(callables, contexts, state: RunState | None) -> tuple:
+    results: list[Any] = [None] * len(callables)
+    errors: list[BaseException | None] = [None] * len(callables)
+
+    def run_branch(i):
+        try:
+            with activate(contexts[i]):
+                results[i] = callables[i]()
+        except BaseException as exc:  # reported to the caller below
+            errors[i] = exc
+        finally:
+            db_connections.close_all()  # this thread's connections only
+
+    threads = [
+        threading.Thread(target=run_branch, args=(i,), name=f"everystep-branch-{i}")
+        for i in range(len(callables))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if state is not None and state.halt is not None:
+        raise state.halt
+    failed = [exc for exc in errors if exc is not None]
+    if not failed:
+        return tuple(results)
+    for exc in failed:
+        if isinstance(exc, Terminal | DrainOrphan | EffectUncertain | SimulatedCrash):
+            raise exc
+    if len(failed) == 1:
+        raise failed[0]
+    raise BaseExceptionGroup(f"{len(failed)} parallel branches failed", failed)

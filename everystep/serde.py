@@ -1,0 +1,162 @@
+"""JSON with tagged extensions for the types a step commonly passes around.
+
+Plain JSON values encode as themselves. Other supported values become a dict
+holding the reserved key ``"$es"`` naming the type. A user's own dict that
+happens to contain ``"$es"`` is wrapped as ``{"$es": "dict", "v": {...}}``, so
+decoding never mistakes user data for a tag. Everything round-trips to the
+original type: datetime (aware or naive), date, timedelta, UUID, bytes,
+bytearray, tuple, enum members. Floats must be finite (PostgreSQL's jsonb
+refuses NaN and infinities); dict keys must be strings.
+"""
+
+import base64
+import datetime as dt
+import enum
+import importlib
+import json
+import uuid
+from typing import Any
+
+from .errors import EverystepError
+
+TAG = "$es"
+
+
+def encode(value: Any, path: str = "$") -> Any:
+    """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``."""
+    if isinstance(value, enum.Enum):
+        cls = type(value)
+        return {
+            TAG: "enum",
+            "cls": f"{cls.__module__}.{cls.__qualname__}",
+            "v": encode(value.value, f"{path}.value"),
+        }
+    if value is None or isinstance(value, bool | str | int):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise EverystepError(f"{path}: {value!r} is not storable as JSON (must be finite)")
+        return value
+    if isinstance(value, list):
+        return [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, tuple):
+        return {TAG: "tuple", "v": [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]}
+    if isinstance(value, dict):
+        encoded = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise EverystepError(
+                    f"{path}: dict key {key!r} is a {type(key).__name__}; JSON keys must be str"
+                )
+            encoded[key] = encode(item, f"{path}[{key!r}]")
+        return {TAG: "dict", "v": encoded} if TAG in encoded else encoded
+    if isinstance(value, dt.datetime):
+        return {TAG: "datetime", "v": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {TAG: "date", "v": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {TAG: "timedelta", "s": value.days * 86400 + value.seconds, "us": value.microseconds}
+    if isinstance(value, uuid.UUID):
+        return {TAG: "uuid", "v": str(value)}
+    if isinstance(value, bytes | bytearray):
+        kind = "bytes" if isinstance(value, bytes) else "bytearray"
+        return {TAG: kind, "v": base64.b64encode(value).decode("ascii")}
+    raise EverystepError(
+        f"{path}: a {type(value).__module__}.{type(value).__qualname__} is not serializable; "
+        "use JSON types, datetime, date, timedelta, UUID, bytes, tuple or an Enum"
+    )
+
+
+def decode(data: Any) -> Any:
+    """Inverse of :func:`encode`."""
+    if isinstance(data, list):
+        return [decode(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    if TAG not in data:
+        return {key: decode(item) for key, item in data.items()}
+    kind = data[TAG]
+    if kind == "dict":
+        return {key: decode(item) for key, item in data["v"].items()}
+    if kind == "tuple":
+        return tuple(decode(item) for item in data["v"])
+    if kind == "datetime":
+        return dt.datetime.fromisoformat(data["v"])
+    if kind == "date":
+        return dt.date.fromisoformat(data["v"])
+    if kind == "timedelta":
+        return dt.timedelta(seconds=data["s"], microseconds=data["us"])
+    if kind == "uuid":
+        return uuid.UUID(data["v"])
+    if kind == "bytes":
+        return base64.b64decode(data["v"])
+    if kind == "bytearray":
+        return bytearray(base64.b64decode(data["v"]))
+    if kind == "enum":
+        return import_string(data["cls"])(decode(data["v"]))
+    raise EverystepError(f"unknown everystep JSON tag {kind!r}")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(encode(value), allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+    return decode(json.loads(text))
+
+
+def import_string(dotted: str) -> Any:
+    """Import ``module.Qual.name``, trying the longest importable module prefix."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        return obj
+    raise ImportError(f"cannot import {dotted!r}")
+
+
+def encode_exception(exc: BaseException) -> dict:
+    """``{"type": "module.Class", "message": str(exc), "args": [...]}``.
+
+    ``args`` keeps the exception's arguments when they are all serializable,
+    else only the message, so the stored payload is always valid JSON.
+    """
+    cls = type(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        args = [exc.message, [encode_exception(e) for e in exc.exceptions]]
+    else:
+        try:
+            args = encode(list(exc.args))
+        except EverystepError:
+            args = [str(exc)]
+    return {"type": f"{cls.__module__}.{cls.__qualname__}", "message": str(exc), "args": args}
+
+
+def decode_exception(payload: dict) -> BaseException:
+    """Rebuild the stored exception: the original class when importable and
+    constructible from its args, else ``StepFailure`` with the stored message."""
+    from .errors import StepFailure
+
+    if not isinstance(payload, dict):
+        return StepFailure(f"unreadable stored error: {payload!r}")
+    type_name = str(payload.get("type", ""))
+    message = str(payload.get("message", ""))
+    args = payload.get("args", [message])
+    try:
+        cls = import_string(type_name)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(type_name)
+        if issubclass(cls, BaseExceptionGroup):
+            return cls(args[0], [decode_exception(e) for e in args[1]])
+        return cls(*decode(args))
+    except Exception:
+        failure = StepFailure(message or type_name)
+        failure.original_type = type_name
+        return failure

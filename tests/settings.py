@@ -1,0 +1,105 @@
+"""Test settings: the database comes from the environment.
+
+``EVERYSTEP_TEST_DATABASE_URL`` selects the backend:
+``postgres://user@host:port/name``, ``mysql://user:password@host:port/name``,
+or unset for SQLite (a file, so that worker threads and processes share it).
+"""
+
+import os
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "everystep-tests-only"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def database_from_url(url: str | None) -> dict:
+    if not url:
+        sqlite_dir = os.environ.get("EVERYSTEP_TEST_SQLITE_DIR", tempfile.gettempdir())
+        name = str(Path(sqlite_dir) / f"everystep-test-{os.getpid()}.sqlite3")
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name,
+            "TEST": {"NAME": name},
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+        }
+    parsed = urlparse(url)
+    engine = {
+        "postgres": "django.db.backends.postgresql",
+        "postgresql": "django.db.backends.postgresql",
+        "mysql": "django.db.backends.mysql",
+        "mariadb": "django.db.backends.mysql",
+    }[parsed.scheme]
+    config = {
+        "ENGINE": engine,
+        "NAME": parsed.path.lstrip("/") or "everystep",
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+    }
+    if engine.endswith("mysql"):
+        config["OPTIONS"] = {"charset": "utf8mb4"}
+        config["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    return config
+
+
+DATABASES = {"default": database_from_url(os.environ.get("EVERYSTEP_TEST_DATABASE_URL"))}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "django_filters",
+    "everystep",
+    "everystep_ui",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"everystep": {"handlers": ["console"], "level": "WARNING"}},
+}
