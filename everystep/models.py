@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .fields import EverystepJSONField
+from .statuses import RunStatus, StepStatus
 
 
 class WorkflowQuerySet(models.QuerySet):
@@ -22,17 +23,7 @@ class WorkflowQuerySet(models.QuerySet):
 
 
 class Workflow(models.Model):
-    class Status(models.TextChoices):
-        SCHEDULED = "scheduled"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        STOPPED = "stopped"
-        BLOCKED = "blocked"
-
-        @classmethod
-        def terminal_values(cls):
-            return [cls.COMPLETED, cls.FAILED, cls.STOPPED, cls.BLOCKED]
+    Status = RunStatus
 
     id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
     name = models.CharField(max_length=300)
@@ -83,10 +74,7 @@ class Workflow(models.Model):
 
 
 class Step(models.Model):
-    class Status(models.TextChoices):
-        STARTED = "started"
-        DONE = "done"
-        FAILED = "failed"
+    Status = StepStatus
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps")
     step_id = models.CharField(max_length=300)

@@ -14,6 +14,7 @@ Invariants (what a crash at any line leaves behind):
   ``running`` under this worker's name, which re-claims it at start-up.
 """
 
+import functools
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
 from django.db import connections as db_connections
 
-from . import operations, registry, serde
+from . import registry, serde
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -34,7 +35,8 @@ from .errors import (
     Terminal,
     WorkflowCodeError,
 )
-from .models import Step, Workflow
+from .statuses import RunStatus as Status
+from .statuses import StepStatus
 
 logger = logging.getLogger("everystep")
 
@@ -42,14 +44,12 @@ logger = logging.getLogger("everystep")
 # outcome is written. Raising SimulatedCrash there ends the run as a process death would.
 fault: Callable | None = None
 
-Status = Workflow.Status
-StepStatus = Step.Status
 
 
 # ---------------------------------------------------------------- running a run
 
 
-def execute(run: Workflow, claimer: str, *, leave_check: Callable | None = None) -> str | None:
+def execute(run, claimer: str, *, leave_check: Callable | None = None) -> str | None:
     """Replay ``run`` (claimed by ``claimer``) and record how it ended.
 
     Returns the status written, or ``None`` when nothing was written (a
@@ -77,6 +77,8 @@ def execute(run: Workflow, claimer: str, *, leave_check: Callable | None = None)
 
 
 def _load_outcomes(run_id) -> dict[str, Outcome]:
+    from .models import Step
+
     rows = Step.objects.filter(workflow_id=run_id).values_list(
         "step_id", "status", "name", "result", "error"
     )
@@ -84,6 +86,7 @@ def _load_outcomes(run_id) -> dict[str, Outcome]:
 
 
 def _conclude(run, state: RunState, value, outcome) -> str | None:
+    from . import operations
     if isinstance(outcome, SimulatedCrash):
         return None
     if isinstance(outcome, Fenced):
@@ -117,6 +120,8 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
 
 
 def _end(run, claimer, status, *, result=None, error=None) -> str | None:
+    from . import operations
+
     if operations_retrying(
         operations.finish_run, run.id, claimer, status, result=result, error=error
     ):
@@ -248,9 +253,9 @@ _INSERT_SQL = (
 
 def _insert(state: RunState, step_id, spec, args, kwargs, status, result, error) -> None:
     """One statement records the step and fences it on the run's owner."""
-    fields = {f.name: f for f in Step._meta.fields}
+    fields = _step_fields()
     conn = db_connections["default"]
-    run_id = Workflow._meta.pk.get_db_prep_value(state.workflow_id, conn)
+    run_id = fields["workflow"].get_db_prep_value(state.workflow_id, conn)
     params = [
         run_id,
         step_id,
@@ -272,6 +277,13 @@ def _insert(state: RunState, step_id, spec, args, kwargs, status, result, error)
                     f"{state.claimer!r}; step {step_id} was not recorded"
                 )
             )
+
+
+@functools.cache
+def _step_fields() -> dict:
+    from .models import Step
+
+    return {f.name: f for f in Step._meta.fields}
 
 
 def _claim_effect(state: RunState, step_id, spec, args, kwargs) -> None:
@@ -304,6 +316,8 @@ def _record(
 
 
 def _complete_started(state: RunState, step_id, status, result, error) -> None:
+    from .models import Step
+
     updated = Step.objects.filter(
         workflow_id=state.workflow_id,
         step_id=step_id,

@@ -1,0 +1,125 @@
+import pytest
+
+from everystep import runner
+from everystep.api import schedule
+from everystep.errors import SimulatedCrash
+from everystep.models import Step, Workflow
+from tests.core import workflows as w
+from tests.helpers import CLAIMER, claim, run_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def crash_at(target):
+    def fault(ctx, step_id):
+        if step_id == target:
+            runner.fault = None  # the process dies once
+            raise SimulatedCrash(step_id)
+
+    runner.fault = fault
+
+
+@pytest.mark.parametrize("position", [1, 2, 3, 4])
+def test_crash_at_every_position_reruns_exactly_the_unrecorded_step(position):
+    crash_at(str(position))
+    row = run_workflow(w.sequential, 4)
+    assert row.status == "running" and row.claimed_by == CLAIMER  # left as a dead process leaves it
+    assert row.steps.count() == position - 1
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)  # the restarted worker resumes it
+    row.refresh_from_db()
+    assert row.status == "completed"
+    assert row.result == ["s1", "s2", "s3", "s4"]
+    expected = {f"s{i}": 2 if i == position else 1 for i in range(1, 5)}
+    assert dict(w.effects) == expected
+    assert row.steps.count() == 4
+
+
+def test_recorded_steps_are_served_without_running_again():
+    row = run_workflow(w.three_steps)
+    Workflow.objects.filter(id=row.id).update(status="running", claimed_by=CLAIMER)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    assert dict(w.effects) == {"a": 1, "b": 1, "c": 1}
+    assert Step.objects.filter(workflow_id=row.id).count() == 3
+
+
+def test_failure_is_recorded_and_the_run_fails_with_it():
+    row = run_workflow(w.failing)
+    assert row.status == "failed"
+    assert row.error == {"type": "builtins.ValueError", "message": "nope", "args": ["nope"]}
+    assert row.completed_at is not None
+    failed = row.steps.get(status="failed")
+    assert failed.error["message"] == "nope"
+
+
+def test_cleanup_in_except_is_durable_across_a_crash():
+    crash_at("3")  # crash while recording the cleanup step
+    row = run_workflow(w.cleanup_on_failure)
+    assert row.status == "running"
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert row.status == "completed"
+    assert row.result == "cleaned up after payment declined"
+    # the failed payment replays as the same exception: it is not attempted again
+    assert w.effects["boom:payment declined"] == 1
+    assert w.effects["reserve"] == 1
+    assert w.effects["release"] == 2
+
+
+def test_divergence_fails_the_run_naming_step_and_functions():
+    row = run_workflow(w.three_steps)
+    Step.objects.filter(workflow_id=row.id, step_id="2").update(name="tests.core.workflows.other")
+    Workflow.objects.filter(id=row.id).update(status="running", claimed_by=CLAIMER)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert row.status == "failed"
+    assert row.error["type"] == "everystep.errors.WorkflowCodeError"
+    for part in ("step 2", "tests.core.workflows.other", "tests.core.workflows.record", str(row.id)):
+        assert part in row.error["message"]
+    assert w.effects["c"] == 1  # nothing after the divergence ran on the second pass
+
+
+def test_non_serializable_argument_fails_before_the_step_runs():
+    row = run_workflow(w.unserializable_argument)
+    assert row.status == "failed"
+    assert "arguments are not serializable" in row.error["message"]
+    assert row.steps.count() == 0
+
+
+def test_non_serializable_result_is_not_recorded_and_the_step_reruns_on_resume():
+    row = run_workflow(w.unserializable_result)
+    assert row.status == "failed"
+    assert "return value is not serializable" in row.error["message"]
+    assert row.steps.count() == 0
+    assert w.effects["make_object"] == 1
+
+
+def test_unregistered_workflow_name_fails_clearly():
+    row = Workflow.objects.create(name="tests.core.workflows.removed_long_ago", args=[])
+    claim(row)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert row.status == "failed"
+    assert "no @workflow is registered" in row.error["message"]
+
+
+def test_typed_values_round_trip_through_the_store():
+    import datetime as dt
+    import uuid
+
+    payload = {"when": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "id": uuid.uuid4(),
+               "raw": b"\x00\xff", "color": w.Color.RED, "span": dt.timedelta(hours=1), "pair": (1, 2)}
+    row = run_workflow(w.typed_values, payload)
+    assert row.result == payload
+    assert Workflow.objects.get(id=row.id).args == [payload]
+    assert row.steps.get().result == payload
+
+
+def test_stale_claimer_writes_nothing():
+    run = schedule(w.three_steps)
+    claim(run)
+    Workflow.objects.filter(id=run.id).update(claimed_by="someone-else")
+    result = runner.execute(Workflow.objects.get(id=run.id), CLAIMER)
+    assert result is None
+    assert Step.objects.filter(workflow_id=run.id).count() == 0
+    assert Workflow.objects.get(id=run.id).status == "running"
+    assert w.effects["b"] == 0  # no further step started after the fenced write

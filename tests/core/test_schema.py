@@ -1,0 +1,81 @@
+"""The data model is exact: table and column names, types, lengths, constraints."""
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from everystep.models import Step, Workflow
+
+pytestmark = pytest.mark.django_db
+
+
+def columns(table):
+    with connection.cursor() as cursor:
+        return {
+            col.name: col
+            for col in connection.introspection.get_table_description(cursor, table)
+        }
+
+
+def test_workflow_table_columns():
+    cols = columns("everystep_workflow")
+    assert set(cols) == {
+        "id", "name", "args", "idempotency_key", "status", "claimed_by", "result", "error",
+        "created_at", "completed_at",
+    }
+    lengths = {name: cols[name].display_size or cols[name].internal_size for name in
+               ("name", "idempotency_key", "status", "claimed_by")}
+    if connection.vendor != "sqlite":
+        assert lengths == {"name": 300, "idempotency_key": 255, "status": 16, "claimed_by": 255}
+    nullable = {name for name, col in cols.items() if col.null_ok}
+    assert nullable == {"idempotency_key", "claimed_by", "result", "error", "completed_at"}
+
+
+def test_step_table_columns():
+    cols = columns("everystep_step")
+    assert set(cols) == {"id", "workflow_id", "step_id", "name", "args", "kwargs", "status",
+                         "result", "error"}
+    nullable = {name for name, col in cols.items() if col.null_ok}
+    assert nullable == {"result", "error"}
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="jsonb and uuid are PostgreSQL types")
+def test_postgres_column_types():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_name IN ('everystep_workflow', 'everystep_step')"
+        )
+        types = {(t, c): d for t, c, d in cursor.fetchall()}
+    assert types[("everystep_workflow", "id")] == "uuid"
+    assert types[("everystep_workflow", "created_at")] == "timestamp with time zone"
+    assert types[("everystep_step", "id")] == "bigint"
+    for table, column in [("everystep_workflow", "args"), ("everystep_workflow", "result"),
+                          ("everystep_workflow", "error"), ("everystep_step", "kwargs")]:
+        assert types[(table, column)] == "jsonb"
+
+
+def test_constraints_and_indexes():
+    with connection.cursor() as cursor:
+        wf = connection.introspection.get_constraints(cursor, "everystep_workflow")
+        st = connection.introspection.get_constraints(cursor, "everystep_step")
+    unique_steps = [c for c in st.values() if c["unique"] and c["columns"] == ["workflow_id", "step_id"]]
+    assert unique_steps
+    unique_keys = [c for c in wf.values() if c["unique"] and c["columns"] == ["name", "idempotency_key"]]
+    assert unique_keys
+    indexed = {tuple(c["columns"]) for c in wf.values() if c["index"] or c["unique"]}
+    assert ("status",) in indexed and ("created_at",) in indexed
+    fk = [c for c in st.values() if c["foreign_key"]]
+    assert fk and fk[0]["foreign_key"][0] == "everystep_workflow"
+
+
+def test_related_name_and_cascade():
+    run = Workflow.objects.create(name="x", args=[])
+    Step.objects.create(workflow=run, step_id="1", name="s", status="done")
+    assert run.steps.count() == 1
+    run.delete()
+    assert not Step.objects.exists()
+
+
+def test_migrations_are_complete():
+    call_command("makemigrations", "everystep", "--check", "--dry-run", verbosity=0)

@@ -1,0 +1,80 @@
+import pytest
+
+from everystep.errors import EverystepError
+from tests.core import workflows as w
+from tests.helpers import run_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def recorded_ids(run):
+    return list(run.steps.order_by("id").values_list("step_id", flat=True))
+
+
+def test_sequential_steps_count_from_one():
+    run = run_workflow(w.sequential, 3)
+    assert run.status == "completed"
+    assert recorded_ids(run) == ["1", "2", "3"]
+
+
+def test_named_step_replaces_the_counter_value_which_still_advances():
+    run = run_workflow(w.named)
+    assert recorded_ids(run) == ["1", "second", "3"]
+
+
+def test_forks_and_sequence_branches_nest_under_the_fork_id():
+    run = run_workflow(w.forked)
+    assert run.status == "completed", run.error
+    assert sorted(recorded_ids(run)) == sorted(["1", "2.0.1", "2.1.1", "fan.0.1", "fan.0.2"])
+    assert run.result == ["left", "right", (("s1", "s2"),)]
+
+
+def test_nested_forks_nest_further():
+    run = run_workflow(w.nested_forks)
+    assert sorted(recorded_ids(run)) == ["1.0.1.0.1", "1.0.1.1.1"]
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [("", "non-empty"), ("a.b", "contains '.'"), ("12", "all digits"), ("x" * 301, "limit is 300")],
+)
+def test_invalid_names_fail_before_the_step_runs(bad, problem):
+    run = run_workflow(w.bad_name, bad)
+    assert run.status == "failed"
+    assert run.error["type"] == "everystep.errors.EverystepError"
+    assert problem in run.error["message"]
+    assert w.effects["x"] == 0
+    assert recorded_ids(run) == []
+
+
+def test_duplicate_name_in_one_scope_is_refused():
+    @w.workflow
+    def twice():
+        w.record("a", everystep_id="same")
+        w.record("b", everystep_id="same")
+
+    run = run_workflow(twice)
+    assert run.status == "failed"
+    assert "used twice" in run.error["message"]
+    assert w.effects["b"] == 0
+
+
+def test_context_exposes_run_id_and_decoded_outcomes():
+    run = run_workflow(w.reads_context)
+    assert run.result == [str(run.id), ["1"], "one"]
+
+
+def test_outside_a_run_steps_are_plain_calls_and_drop_everystep_id():
+    assert w.add(1, 2, everystep_id="ignored") == 3
+    assert w.forked() == ["left", "right", (("s1", "s2"),)]
+
+
+def test_context_names_validation_directly():
+    from everystep.context import Context, RunState
+
+    ctx = Context(RunState("run", "wf", "me"))
+    assert ctx.next_id() == "1"
+    assert ctx.next_id("pay") == "pay"
+    assert ctx.next_id() == "3"
+    with pytest.raises(EverystepError):
+        ctx.next_id("pay")

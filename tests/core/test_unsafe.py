@@ -1,0 +1,172 @@
+import threading
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from everystep import operations, runner
+from everystep.errors import EverystepError, SimulatedCrash
+from everystep.models import Workflow
+from tests.core import workflows as w
+from tests.helpers import CLAIMER, claim, run_once, run_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def crash_after_charge():
+    def fault(ctx, step_id):
+        if step_id == "1":
+            runner.fault = None
+            raise SimulatedCrash("power cut after the charge")
+
+    runner.fault = fault
+
+
+def blocked_run(workflow=w.pays):
+    crash_after_charge()
+    row = run_workflow(workflow, 10)
+    assert row.steps.get().status == "started"
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)  # the restarted worker
+    row.refresh_from_db()
+    return row
+
+
+def test_uncertain_effect_blocks_the_run_instead_of_repeating_it():
+    row = blocked_run()
+    assert row.status == "blocked"
+    assert row.error["type"] == "everystep.errors.EffectUncertain"
+    assert f"everystep_resolve_step {row.id} 1" in row.error["message"]
+    assert w.effects["charge:10"] == 1
+    assert row.completed_at is not None
+
+
+def test_completed_unsafe_step_updates_its_started_row_in_place():
+    row = run_workflow(w.pays, 5)
+    assert row.status == "completed"
+    assert list(row.steps.values_list("step_id", "status")) == [("1", "done"), ("2", "done")]
+
+
+def test_blocked_run_is_not_claimable():
+    row = blocked_run()
+    assert not Workflow.objects.claimable().filter(id=row.id).exists()
+
+
+def test_resolve_with_result_finishes_the_run_without_repeating_the_effect():
+    row = blocked_run()
+    operations.resolve_step(row.id, "1", result={"charged": 10})
+    row.refresh_from_db()
+    assert (row.status, row.error, row.claimed_by, row.completed_at) == ("scheduled", None, None, None)
+    row = run_once(row)
+    assert row.status == "completed" and row.result == "shipped"
+    assert w.effects["charge:10"] == 1
+
+
+def test_resolve_with_error_runs_the_durable_cleanup():
+    row = blocked_run(w.pays_with_cleanup)
+    operations.resolve_step(row.id, "1", error="card was not charged")
+    row = run_once(row)
+    assert row.status == "completed"
+    assert row.result == "refunded: card was not charged"
+    assert w.effects["refunded"] == 1
+
+
+def test_resolve_error_reraised_fails_the_run_with_step_failure():
+    row = blocked_run()
+    operations.resolve_step(row.id, "1", error="declined")
+    row = run_once(row)
+    assert row.status == "failed"
+    assert row.error["type"] == "everystep.errors.StepFailure"
+    assert row.error["message"] == "declined"
+
+
+def test_resolve_with_discard_runs_the_step_again():
+    row = blocked_run()
+    operations.resolve_step(row.id, "1", discard=True)
+    row = run_once(row)
+    assert row.status == "completed"
+    assert w.effects["charge:10"] == 2
+
+
+def test_step_no_longer_unsafe_is_reexecuted_and_completed_in_place():
+    crash_after_charge()
+    row = run_workflow(w.pays, 7)
+    spec = w.charge.__everystep__
+    object.__setattr__(spec, "unsafe_to_repeat", False)  # a deploy dropped the marking
+    try:
+        runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    finally:
+        object.__setattr__(spec, "unsafe_to_repeat", True)
+    row.refresh_from_db()
+    assert row.status == "completed" and row.result == "shipped"
+    assert list(row.steps.values_list("step_id", "status")) == [("1", "done"), ("2", "done")]
+    assert w.effects["charge:7"] == 2
+
+
+def test_racing_claimant_cannot_run_the_effect_twice():
+    """Two workers replay the same run at once: the started insert admits one."""
+    from everystep.api import schedule
+
+    run = schedule(w.pays, 3)
+    claim(run)
+    gate = threading.Barrier(2, timeout=10)
+    original = w.charge.__everystep__.func
+
+    def slow_charge(amount):
+        gate.wait()  # both claimants have reached the step; only one got here
+        return original(amount)
+
+    results = []
+
+    def replay():
+        try:
+            results.append(runner.execute(Workflow.objects.get(id=run.id), CLAIMER))
+        finally:
+            connection.close()
+
+    spec = w.charge.__everystep__
+    object.__setattr__(spec, "func", slow_charge)
+    try:
+        threads = [threading.Thread(target=replay) for _ in range(2)]
+        for t in threads:
+            t.start()
+        gate.wait()  # stand in for the claimant that lost
+        for t in threads:
+            t.join(10)
+    finally:
+        object.__setattr__(spec, "func", original)
+    assert w.effects["charge:3"] == 1
+    assert Workflow.objects.get(id=run.id).status in {"blocked", "completed"}
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (("not-a-uuid", "1", "--discard"), "not a valid run id"),
+        (("00000000-0000-7000-8000-000000000000", "1", "--discard"), "does not exist"),
+        (("{run}", "9", "--discard"), "not a started step"),
+        (("{run}", "1", "--result", "{not json"), "not valid JSON"),
+    ],
+)
+def test_resolve_command_refuses_bad_input_and_changes_nothing(args, problem):
+    row = blocked_run()
+    args = [a.replace("{run}", str(row.id)) for a in args]
+    with pytest.raises(CommandError, match=problem):
+        call_command("everystep_resolve_step", *args)
+    row.refresh_from_db()
+    assert row.status == "blocked"
+    assert row.steps.get().status == "started"
+
+
+def test_resolve_refuses_a_run_that_is_not_blocked():
+    row = run_workflow(w.pays, 1)
+    with pytest.raises(EverystepError, match="is completed, not blocked"):
+        operations.resolve_step(row.id, "1", result=1)
+
+
+def test_resolve_command_records_a_result(capsys):
+    row = blocked_run()
+    call_command("everystep_resolve_step", str(row.id), "1", "--result", '{"charged": 10}')
+    assert "resolved" in capsys.readouterr().out
+    assert row.steps.get().result == {"charged": 10}
+    assert Workflow.objects.get(id=row.id).status == "scheduled"
