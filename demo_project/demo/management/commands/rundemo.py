@@ -1,0 +1,25 @@
+import threading
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from everystep.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Serve the admin with an embedded everystep worker on a thread."
+
+    def add_arguments(self, parser):
+        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+
+    def handle(self, addrport, **options):
+        worker = Worker(pool_size=4, poll=0.5, name="demo-embedded-worker", drain=5,
+                        install_signals=False)
+        thread = threading.Thread(target=worker.run, name="everystep-worker", daemon=True)
+        thread.start()
+        try:
+            # No autoreloader: it would start a second process with a second worker.
+            call_command("runserver", addrport, use_reloader=False)
+        finally:
+            worker.stop()
+            thread.join(10)
