@@ -14,7 +14,6 @@ Invariants (what a crash at any line leaves behind):
   ``running`` under this worker's name, which re-claims it at start-up.
 """
 
-import functools
 import logging
 import threading
 import time
@@ -182,48 +181,30 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
             f"run {state.workflow_id}, step {step_id} ({spec.name}): arguments are not "
             f"serializable, the step did not run: {exc}"
         ) from None
-    in_place = recorded is not None  # a started row from an earlier pass
-    if spec.unsafe_to_repeat and not in_place:
-        _claim_effect(state, step_id, spec, stored_args, stored_kwargs)
-        in_place = True
+    row = _StepRow(state, step_id, spec, stored_args, stored_kwargs)
+    row.in_place = recorded is not None  # a started row left by an earlier pass
+    if spec.unsafe_to_repeat and not row.in_place:
+        _claim_effect(row)
     ctx.running_step = step_id
     try:
         result = spec.func(*args, **kwargs)
     except Exception as exc:
         ctx.running_step = None
         _fault(ctx, step_id)
-        _record(
-            state,
-            step_id,
-            spec,
-            stored_args,
-            stored_kwargs,
-            StepStatus.FAILED,
-            error=serde.encode_exception(exc),
-            in_place=in_place,
-        )
+        _record(row, StepStatus.FAILED, error=serde.encode_exception(exc))
         if isinstance(exc, Terminal):
             state.halt_with(exc)
         raise
     ctx.running_step = None
     _fault(ctx, step_id)
     try:
-        serde.encode(result)
+        stored_result = serde.encode(result)
     except EverystepError as exc:
         raise EverystepError(
             f"run {state.workflow_id}, step {step_id} ({spec.name}): the return value is not "
             f"serializable, so it was not recorded and the step runs again on resume: {exc}"
         ) from None
-    _record(
-        state,
-        step_id,
-        spec,
-        stored_args,
-        stored_kwargs,
-        StepStatus.DONE,
-        result=result,
-        in_place=in_place,
-    )
+    _record(row, StepStatus.DONE, result=result, stored_result=stored_result)
     return result
 
 
@@ -244,6 +225,15 @@ def _fault(ctx: Context, step_id: str) -> None:
             ctx.state.halt_with(crash)
 
 
+class _StepRow:
+    """The step being recorded: its identity and its arguments, already encoded."""
+
+    def __init__(self, state: RunState, step_id: str, spec: registry.Spec, args, kwargs):
+        self.state, self.step_id, self.spec = state, step_id, spec
+        self.args, self.kwargs = args, kwargs
+        self.in_place = False  # True once a started row exists: complete it with an UPDATE
+
+
 _INSERT_SQL = (
     "INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error) "
     "SELECT %s, %s, %s, %s, %s, %s, %s, %s FROM everystep_workflow "
@@ -251,20 +241,28 @@ _INSERT_SQL = (
 )
 
 
-def _insert(state: RunState, step_id, spec, args, kwargs, status, result, error) -> None:
-    """One statement records the step and fences it on the run's owner."""
-    fields = _step_fields()
+def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -> None:
+    """One statement records the step and fences it on the run's owner.
+
+    A raw statement, because the ORM's per-row cost is more than the round
+    trip itself; the values are the JSON the model field would store.
+    """
+    state = row.state
     conn = db_connections["default"]
-    run_id = fields["workflow"].get_db_prep_value(state.workflow_id, conn)
+    run_id = state.workflow_id if conn.features.has_native_uuid_field else state.workflow_id.hex
+
+    def as_json(value):
+        return None if value is None else conn.ops.adapt_json_value(value, None)
+
     params = [
         run_id,
-        step_id,
-        spec.name,
-        fields["args"].get_db_prep_save(args, conn),
-        fields["kwargs"].get_db_prep_save(kwargs, conn),
+        row.step_id,
+        row.spec.name,
+        as_json(row.args),
+        as_json(row.kwargs),
         status,
-        fields["result"].get_db_prep_save(result, conn),
-        fields["error"].get_db_prep_save(error, conn),
+        as_json(stored_result),
+        as_json(stored_error),
         run_id,
         state.claimer,
     ]
@@ -274,53 +272,47 @@ def _insert(state: RunState, step_id, spec, args, kwargs, status, result, error)
             state.halt_with(
                 Fenced(
                     f"run {state.workflow_id} is no longer running under "
-                    f"{state.claimer!r}; step {step_id} was not recorded"
+                    f"{state.claimer!r}; step {row.step_id} was not recorded"
                 )
             )
 
 
-@functools.cache
-def _step_fields() -> dict:
-    from .models import Step
-
-    return {f.name: f for f in Step._meta.fields}
-
-
-def _claim_effect(state: RunState, step_id, spec, args, kwargs) -> None:
+def _claim_effect(row: _StepRow) -> None:
     """The ``started`` row: an atomic claim on the effect (the unique constraint decides)."""
+    state = row.state
     try:
-        _guarded_db(
-            state, _insert, state, step_id, spec, args, kwargs, StepStatus.STARTED, None, None
-        )
+        _guarded_db(state, _insert, row, StepStatus.STARTED)
     except IntegrityError:
-        state.halt_with(_uncertain(state, step_id, spec))
-    state.store[step_id] = Outcome(StepStatus.STARTED, spec.name)
+        state.halt_with(_uncertain(state, row.step_id, row.spec))
+    row.in_place = True
+    state.store[row.step_id] = Outcome(StepStatus.STARTED, row.spec.name)
 
 
-def _record(
-    state, step_id, spec, args, kwargs, status, *, result=None, error=None, in_place=False
-) -> None:
-    if in_place:
-        _guarded_db(state, _complete_started, state, step_id, status, result, error)
+def _record(row: _StepRow, status: str, *, result=None, stored_result=None, error=None) -> None:
+    state = row.state
+    if row.in_place:
+        _guarded_db(state, _complete_started, row, status, result, error)
     else:
         try:
-            _guarded_db(state, _insert, state, step_id, spec, args, kwargs, status, result, error)
+            stored_error = None if error is None else serde.encode(error)
+            _guarded_db(state, _insert, row, status, stored_result, stored_error)
         except IntegrityError:
             state.halt_with(
                 Fenced(
-                    f"step {step_id} of run {state.workflow_id} was recorded "
+                    f"step {row.step_id} of run {state.workflow_id} was recorded "
                     "meanwhile by another worker"
                 )
             )
-    state.store[step_id] = Outcome(status, spec.name, result, error)
+    state.store[row.step_id] = Outcome(status, row.spec.name, result, error)
 
 
-def _complete_started(state: RunState, step_id, status, result, error) -> None:
+def _complete_started(row: _StepRow, status, result, error) -> None:
     from .models import Step
 
+    state = row.state
     updated = Step.objects.filter(
         workflow_id=state.workflow_id,
-        step_id=step_id,
+        step_id=row.step_id,
         status=StepStatus.STARTED,
         workflow__status=Status.RUNNING,
         workflow__claimed_by=state.claimer,
@@ -329,7 +321,7 @@ def _complete_started(state: RunState, step_id, status, result, error) -> None:
         state.halt_with(
             Fenced(
                 f"run {state.workflow_id} is no longer running under "
-                f"{state.claimer!r}; step {step_id} was not completed"
+                f"{state.claimer!r}; step {row.step_id} was not completed"
             )
         )
 

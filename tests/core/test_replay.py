@@ -123,3 +123,13 @@ def test_stale_claimer_writes_nothing():
     assert Step.objects.filter(workflow_id=run.id).count() == 0
     assert Workflow.objects.get(id=run.id).status == "running"
     assert w.effects["b"] == 0  # no further step started after the fenced write
+
+
+def test_step_arguments_are_stored_with_their_types():
+    import datetime as dt
+
+    payload = {"when": dt.date(2024, 1, 2), "pair": (1, 2), "$es": "user data"}
+    row = run_workflow(w.typed_values, payload)
+    step = row.steps.get()
+    assert step.args == [payload]
+    assert type(step.args[0]["pair"]) is tuple
