@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
 from django.db import connections as db_connections
 
@@ -266,15 +267,24 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
         run_id,
         state.claimer,
     ]
-    with conn.cursor() as cursor:
-        cursor.execute(_INSERT_SQL, params)
-        if cursor.rowcount != 1:
-            state.halt_with(
-                Fenced(
-                    f"run {state.workflow_id} is no longer running under "
-                    f"{state.claimer!r}; step {row.step_id} was not recorded"
-                )
+    if conn.vendor == "postgresql":
+        conn.ensure_connection()
+        # Django's cursors bind on the client and so re-parse the statement on
+        # every call; a server-side cursor lets PostgreSQL prepare it once.
+        with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
+            cursor.execute(_INSERT_SQL, params, prepare=True)
+            recorded = cursor.rowcount
+    else:
+        with conn.cursor() as cursor:
+            cursor.execute(_INSERT_SQL, params)
+            recorded = cursor.rowcount
+    if recorded != 1:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; step {row.step_id} was not recorded"
             )
+        )
 
 
 def _claim_effect(row: _StepRow) -> None:
