@@ -22,33 +22,50 @@ from .errors import EverystepError
 TAG = "$es"
 
 
-def encode(value: Any, path: str = "$") -> Any:
-    """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``."""
+class _Refused(EverystepError):
+    """A value that cannot be stored; ``where`` is filled in on the way up."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.where: list[str] = []
+
+
+def encode(value: Any) -> Any:
+    """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``
+    naming where in the value the problem is (``$['items'][3]``)."""
+    try:
+        return _encode(value)
+    except _Refused as exc:
+        raise EverystepError(f"${''.join(reversed(exc.where))}: {exc.problem}") from None
+    except RecursionError:
+        raise EverystepError("the value is nested too deeply to store as JSON") from None
+
+
+def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         cls = type(value)
-        return {
-            TAG: "enum",
-            "cls": f"{cls.__module__}.{cls.__qualname__}",
-            "v": encode(value.value, f"{path}.value"),
-        }
+        return {TAG: "enum", "cls": f"{cls.__module__}.{cls.__qualname__}", "v": _encode(value.value)}
     if value is None or isinstance(value, bool | str | int):
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise EverystepError(f"{path}: {value!r} is not storable as JSON (must be finite)")
+            raise _Refused(f"{value!r} is not storable as JSON (must be finite)")
         return value
     if isinstance(value, list):
-        return [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return _encode_items(value)
     if isinstance(value, tuple):
-        return {TAG: "tuple", "v": [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]}
+        return {TAG: "tuple", "v": _encode_items(value)}
     if isinstance(value, dict):
         encoded = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise EverystepError(
-                    f"{path}: dict key {key!r} is a {type(key).__name__}; JSON keys must be str"
-                )
-            encoded[key] = encode(item, f"{path}[{key!r}]")
+                raise _Refused(f"dict key {key!r} is a {type(key).__name__}; JSON keys must be str")
+            try:
+                encoded[key] = _encode(item)
+            except _Refused as exc:
+                exc.where.append(f"[{key!r}]")
+                raise
         return {TAG: "dict", "v": encoded} if TAG in encoded else encoded
     if isinstance(value, dt.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
@@ -61,10 +78,21 @@ def encode(value: Any, path: str = "$") -> Any:
     if isinstance(value, bytes | bytearray):
         kind = "bytes" if isinstance(value, bytes) else "bytearray"
         return {TAG: kind, "v": base64.b64encode(value).decode("ascii")}
-    raise EverystepError(
-        f"{path}: a {type(value).__module__}.{type(value).__qualname__} is not serializable; "
+    raise _Refused(
+        f"a {type(value).__module__}.{type(value).__qualname__} is not serializable; "
         "use JSON types, datetime, date, timedelta, UUID, bytes, tuple or an Enum"
     )
+
+
+def _encode_items(items) -> list:
+    encoded = []
+    for i, item in enumerate(items):
+        try:
+            encoded.append(_encode(item))
+        except _Refused as exc:
+            exc.where.append(f"[{i}]")
+            raise
+    return encoded
 
 
 def decode(data: Any) -> Any:

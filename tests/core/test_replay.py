@@ -2,7 +2,7 @@ import pytest
 
 from everystep import runner
 from everystep.api import schedule
-from everystep.errors import SimulatedCrash
+from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Step, Workflow
 from tests.core import workflows as w
 from tests.helpers import CLAIMER, claim, run_workflow
@@ -133,3 +133,21 @@ def test_step_arguments_are_stored_with_their_types():
     step = row.steps.get()
     assert step.args == [payload]
     assert type(step.args[0]["pair"]) is tuple
+
+
+def test_megabyte_payloads_round_trip():
+    big = {"blob": "x" * (4 * 1024 * 1024), "raw": bytes(range(256)) * 4096}
+    row = run_workflow(w.typed_values, big)
+    assert row.status == "completed"
+    assert row.result == big
+    assert row.steps.get().result == big
+
+
+def test_deeply_nested_argument_fails_the_step_before_it_runs():
+    nested = []
+    for _ in range(5000):
+        nested = [nested]
+    row = run_workflow(w.typed_values, [])  # scheduling such a value is refused up front
+    assert row.status == "completed"
+    with pytest.raises(EverystepError, match="nested too deeply"):
+        schedule(w.typed_values, nested)

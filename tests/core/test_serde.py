@@ -99,3 +99,11 @@ def test_exception_group_round_trips():
     restored = serde.decode_exception(serde.encode_exception(group))
     assert isinstance(restored, ExceptionGroup)
     assert [type(e) for e in restored.exceptions] == [ValueError, KeyError]
+
+
+def test_deeply_nested_values_are_refused_clearly():
+    value = []
+    for _ in range(5000):
+        value = [value]
+    with pytest.raises(EverystepError, match="nested too deeply"):
+        serde.encode(value)
