@@ -1,0 +1,210 @@
+"""Runs and steps in the Django admin, read-only.
+
+Engine state never changes through an admin form: every field is read-only and
+nobody has add/change/delete permission here. Operator actions (retry, stop,
+resolve, requeue) go through ``everystep.operations`` and are added separately.
+"""
+
+import uuid
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+from django.http import Http404
+from django.shortcuts import redirect
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from everystep.models import Step, Workflow
+
+from . import display, views
+from .filters import RunFilterSetListFilter
+from .paginators import EstimatedCountPaginator
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False  # spares a second COUNT(*) per page
+    show_facets = admin.ShowFacets.NEVER  # facets count every filter choice
+    list_display_links = None
+    empty_value_display = "—"
+    ordering = ["-id"]  # both tables' ids follow insertion order
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ReadOnlyAdmin):
+    run_template = "everystep_ui/run_detail.html"
+    run_live_template = "everystep_ui/includes/run_live.html"
+    step_template = "everystep_ui/step_detail.html"
+    step_payloads_template = "everystep_ui/includes/step_payloads.html"
+
+    list_display = [
+        "short_id",
+        "workflow",
+        "status_badge",
+        "claimer",
+        "created_at",
+        "completed_at",
+        "duration",
+        "steps_recorded",
+    ]
+    list_filter = [RunFilterSetListFilter]
+    search_fields = ["name"]  # shows the search box; get_search_results decides
+    search_help_text = "A run id or its first digits, part of a workflow name, or an idempotency key."
+    sortable_by = ["short_id", "created_at"]  # indexed columns only
+
+    class Media:
+        css = {"all": ["everystep_ui/everystep_ui.css"]}
+
+    def __init__(self, model, admin_site, *, url_name_prefix=None):
+        super().__init__(model, admin_site)
+        # "admin:everystep_workflow_" in the admin, "everystep_ui:" when mounted by urls.py.
+        self.url_name_prefix = url_name_prefix or f"admin:{self.opts.app_label}_{self.opts.model_name}_"
+
+    def get_queryset(self, request):
+        # A correlated subquery counts the steps of the rows on the page only;
+        # Count("steps") would join and GROUP BY, which may aggregate the whole
+        # table before the page is cut.
+        step_count = (
+            Step.objects.filter(workflow=OuterRef("pk"))
+            .order_by()
+            .values("workflow")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .defer(*views.RUN_PAYLOADS)
+            .annotate(step_count=Coalesce(Subquery(step_count), 0))
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        matches = Q(name__icontains=term) | Q(idempotency_key=term)
+        id_range = id_prefix_range(term)
+        if id_range:
+            matches |= Q(pk__range=id_range)
+        return queryset.filter(matches), False
+
+    # Pages
+
+    def get_urls(self):
+        name_prefix = f"{self.opts.app_label}_{self.opts.model_name}_"
+        return self.run_urls(name_prefix) + super().get_urls()
+
+    def run_urls(self, name_prefix=""):
+        def page(view):
+            def bound(request, *args, **kwargs):
+                return view(request, *args, model_admin=self, **kwargs)
+
+            return views.staff_only(bound, self.admin_site)
+
+        return [
+            path("<str:run_id>/run/", page(views.run_detail), name=f"{name_prefix}run"),
+            path(
+                "<str:run_id>/run/steps/<str:step_pk>/",
+                page(views.step_detail),
+                name=f"{name_prefix}run_step",
+            ),
+        ]
+
+    def standalone_urls(self):
+        """The run list and pages outside the admin URL tree (``everystep_ui.urls``)."""
+        changelist = views.staff_only(self.changelist_view, self.admin_site)
+        return [path("", changelist, name="changelist"), *self.run_urls()]
+
+    def page_url(self, request, name, *args):
+        namespace = request.resolver_match.namespace if request.resolver_match else None
+        return reverse(self.url_name_prefix + name, args=args, current_app=namespace)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The run page stands in for the (read-only) change form."""
+        run_id = views.parse_id(uuid.UUID, object_id)
+        return redirect(self.page_url(request, "run", run_id))
+
+    # Columns
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, run):
+        url = reverse(self.url_name_prefix + "run", args=[run.pk])
+        return format_html(
+            '<a href="{}" title="{}"><code>{}</code></a>', url, run.pk, display.short_id(run.pk)
+        )
+
+    @admin.display(description="workflow")
+    def workflow(self, run):
+        return run.name
+
+    @admin.display(description="status")
+    def status_badge(self, run):
+        return format_html('<span class="es-badge es-status-{0}">{0}</span>', run.status)
+
+    @admin.display(description="claimer")
+    def claimer(self, run):
+        return run.claimed_by
+
+    @admin.display(description="duration")
+    def duration(self, run):
+        if run.completed_at is None:
+            return None
+        return display.format_duration(run.completed_at - run.created_at)
+
+    @admin.display(description="steps recorded")
+    def steps_recorded(self, run):
+        return run.step_count
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    """Step rows across runs; a step opens on its run's step page."""
+
+    list_display = ["step_id", "name", "status", "run"]
+    sortable_by = []
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*views.STEP_PAYLOADS)
+
+    def step_url(self, step):
+        return reverse(
+            f"admin:{Workflow._meta.app_label}_{Workflow._meta.model_name}_run_step",
+            args=[step.workflow_id, step.pk],
+            current_app=self.admin_site.name,
+        )
+
+    @admin.display(description="run")
+    def run(self, step):
+        return format_html(
+            '<a href="{}" title="{}"><code>{}</code></a>',
+            self.step_url(step),
+            step.workflow_id,
+            display.short_id(step.workflow_id),
+        )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        step = self.get_object(request, object_id)
+        if step is None:
+            raise Http404("No step has this id.")
+        return redirect(self.step_url(step))
+
+
+def id_prefix_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """Ids starting with ``term`` as a range of the primary key, which its index serves."""
+    digits = term.replace("-", "").lower()
+    if not 0 < len(digits) <= 32 or any(c not in "0123456789abcdef" for c in digits):
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))

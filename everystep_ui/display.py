@@ -1,0 +1,98 @@
+"""How stored values look on the pages: JSON, durations, ids and decoded errors.
+
+Payloads are shown as they are stored (everystep's tagged JSON), never decoded
+to Python objects: decoding can import arbitrary classes and fail when a class
+was renamed, and an operator page must open whatever the row holds.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import ExpressionWrapper, F, JSONField
+
+from everystep.errors import EffectUncertain, Terminal
+
+TERMINAL_TYPE = f"{Terminal.__module__}.{Terminal.__qualname__}"
+EFFECT_UNCERTAIN_TYPE = f"{EffectUncertain.__module__}.{EffectUncertain.__qualname__}"
+
+
+def stored_json(field_name: str) -> ExpressionWrapper:
+    """Annotation reading a column as plain JSON, bypassing everystep's decoding."""
+    return ExpressionWrapper(F(field_name), output_field=JSONField())
+
+
+def pretty_json(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def short_id(run_id) -> str:
+    """First 8 and last 4 hex digits of a run id.
+
+    The first 8 digits of a UUIDv7 are the top of its millisecond timestamp and
+    change only every ~65 s, so runs scheduled together would all look alike;
+    the random tail tells them apart.
+    """
+    text = str(run_id)
+    return f"{text[:8]}…{text[-4:]}"
+
+
+def format_duration(delta: timedelta | None) -> str:
+    if delta is None:
+        return "—"
+    seconds = delta.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+@dataclass
+class DecodedError:
+    """A stored exception payload ``{"type", "message", "args"}`` ready to show."""
+
+    type: str
+    message: str
+    args_json: str
+    is_terminal: bool = False
+    terminal_reason: str = ""
+    terminal_payload_json: str = ""
+    is_uncertain: bool = False
+    raw_json: str = ""
+
+
+def decode_error(payload) -> DecodedError | None:
+    if payload is None:
+        return None
+    if not isinstance(payload, dict):
+        # Not the engine's shape: show what is there rather than guess.
+        return DecodedError(type="", message="", args_json="", raw_json=pretty_json(payload))
+    error_type = str(payload.get("type", ""))
+    args = payload.get("args", [])
+    decoded = DecodedError(
+        type=error_type,
+        message=str(payload.get("message", "")),
+        args_json=pretty_json(args),
+    )
+    if error_type == TERMINAL_TYPE:
+        # Terminal(reason, payload) stores its two constructor arguments as args.
+        args = args if isinstance(args, list) else []
+        decoded.is_terminal = True
+        decoded.terminal_reason = str(args[0]) if args else decoded.message
+        decoded.terminal_payload_json = pretty_json(args[1] if len(args) > 1 else None)
+    decoded.is_uncertain = error_type == EFFECT_UNCERTAIN_TYPE
+    return decoded
+
+
+def resolve_command(run_id, step_id: str | None) -> str:
+    """The command that settles a blocked run's uncertain step."""
+    return (
+        f"python manage.py everystep_resolve_step {run_id} {step_id or '<STEP_ID>'} "
+        "(--result JSON | --error MESSAGE | --discard)"
+    )

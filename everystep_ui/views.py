@@ -1,0 +1,164 @@
+"""The run detail and step pages, served both in the admin and by ``everystep_ui.urls``.
+
+Each view takes the ``WorkflowAdmin`` whose templates, queryset, permissions and
+URL names it uses. A plain request gets the full page; an HTMX request gets the
+partial (the run's live block while polling, a step's payloads when expanded).
+"""
+
+import uuid
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
+
+from everystep.models import Step, Workflow
+
+from . import display, tree
+
+RUN_PAYLOADS = ("args", "result", "error")
+STEP_PAYLOADS = ("args", "kwargs", "result", "error")
+
+
+def staff_only(view, admin_site):
+    """``admin_site.admin_view`` (active staff only, never cached), except that an
+    HTMX request without a valid session gets a client redirect to the login
+    page: htmx would follow a plain redirect and swap the login form into a
+    fragment of the page."""
+    protected = admin_site.admin_view(view)
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.htmx and not admin_site.has_permission(request):
+            login_url = reverse("admin:login", current_app=admin_site.name)
+            next_url = request.htmx.current_url_abs_path or request.get_full_path()
+            query = urlencode({REDIRECT_FIELD_NAME: next_url})
+            return HttpResponseClientRedirect(f"{login_url}?{query}")
+        return protected(request, *args, **kwargs)
+
+    return wrapper
+
+
+def run_detail(request, run_id, *, model_admin):
+    run = get_run(request, model_admin, run_id, payloads=True)
+    context = run_context(request, model_admin, run)
+    if request.htmx:
+        html = render_to_string(model_admin.run_live_template, context, request)
+        # 286 tells htmx to stop polling; the final state is still swapped in.
+        return HttpResponse(html) if context["live"] else HttpResponseStopPolling(html)
+    context.update(model_admin.admin_site.each_context(request))
+    return TemplateResponse(request, model_admin.run_template, context)
+
+
+def step_detail(request, run_id, step_pk, *, model_admin):
+    run = get_run(request, model_admin, run_id)
+    step = (
+        Step.objects.filter(workflow_id=run.pk, pk=parse_id(int, step_pk))
+        .defer(*STEP_PAYLOADS)
+        .annotate(**{f"{name}_json": display.stored_json(name) for name in STEP_PAYLOADS})
+        .first()
+    )
+    if step is None:
+        raise Http404("This run has no such step.")
+    status = tree.step_status(step.status, run.status)
+    context = {
+        "run": run,
+        "step": step,
+        "status": status,
+        "status_label": tree.STATUS_LABELS.get(status, status),
+        "args_pretty": display.pretty_json(step.args_json),
+        "kwargs_pretty": display.pretty_json(step.kwargs_json),
+        "result_pretty": display.pretty_json(step.result_json) if status == "done" else None,
+        "error": display.decode_error(step.error_json),
+        "resolve_command": (display.resolve_command(run.pk, step.step_id) if status == "uncertain" else ""),
+    }
+    if request.htmx:
+        return TemplateResponse(request, model_admin.step_payloads_template, context)
+    context.update(
+        model_admin.admin_site.each_context(request),
+        title=f"Step {step.step_id} of run {run.pk}",
+        opts=Workflow._meta,
+        **page_context(request, model_admin, run),
+    )
+    return TemplateResponse(request, model_admin.step_template, context)
+
+
+def get_run(request, model_admin, run_id, *, payloads=False) -> Workflow:
+    """The run the URL names, or 403/404. With ``payloads``, its args, result and
+    error come as stored JSON in ``args_json``, ``result_json``, ``error_json``."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    queryset = model_admin.get_queryset(request)
+    if payloads:
+        queryset = queryset.annotate(**{f"{name}_json": display.stored_json(name) for name in RUN_PAYLOADS})
+    run = queryset.filter(pk=parse_id(uuid.UUID, run_id)).first()
+    if run is None:
+        raise Http404("No run has this id.")
+    if not model_admin.has_view_permission(request, run):
+        raise PermissionDenied
+    return run
+
+
+def parse_id(kind, text: str):
+    """``kind(text)``, or 404 for a malformed id."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise Http404(f"{text!r} is not a valid id.")
+
+
+def run_context(request, model_admin, run: Workflow) -> dict:
+    # Only the columns the tree shows, as plain rows: payloads load per step, on
+    # demand, and a run can have thousands of steps.
+    steps = list(
+        Step.objects.filter(workflow_id=run.pk)
+        .order_by("id")
+        .values_list("id", "step_id", "name", "status", named=True)
+    )
+    intended, reason = [], ""
+    if run.status != Workflow.Status.COMPLETED:
+        intended, reason = tree.intended_steps(run.name)
+    step_tree = tree.build_tree(steps, run.status, intended)
+    step_tree.intended_reason = reason
+    # One reverse() for all steps: thousands of them would cost a noticeable share of the page.
+    url_pattern = model_admin.page_url(request, "run_step", run.pk, "STEP_PK")
+    for node in step_tree.nodes:
+        if node.step_pk is not None:
+            node.url = url_pattern.replace("STEP_PK", str(node.step_pk))
+
+    error = display.decode_error(run.error_json)
+    uncertain = [row.step_id for row in steps if row.status == Step.Status.STARTED]
+    show_resolve = run.status == Workflow.Status.BLOCKED or (error and error.is_uncertain)
+    completed = run.status == Workflow.Status.COMPLETED
+    return {
+        "title": f"Run {run.pk}",
+        "opts": Workflow._meta,
+        "run": run,
+        "live": run.status in (Workflow.Status.SCHEDULED, Workflow.Status.RUNNING),
+        "duration": display.format_duration(run.completed_at - run.created_at if run.completed_at else None),
+        "args_pretty": display.pretty_json(run.args_json),
+        "result_pretty": display.pretty_json(run.result_json) if completed else None,
+        "error": error,
+        "resolve_command": (
+            display.resolve_command(run.pk, uncertain[0] if uncertain else None) if show_resolve else ""
+        ),
+        "tree": step_tree,
+        "steps_recorded": len(steps),
+        **page_context(request, model_admin, run),
+    }
+
+
+def page_context(request, model_admin, run: Workflow) -> dict:
+    """What both pages need: links, the run's short id, the partials' template names."""
+    return {
+        "run_url": model_admin.page_url(request, "run", run.pk),
+        "changelist_url": model_admin.page_url(request, "changelist"),
+        "run_short_id": display.short_id(run.pk),
+        "run_live_template": model_admin.run_live_template,
+        "step_payloads_template": model_admin.step_payloads_template,
+    }

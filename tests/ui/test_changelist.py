@@ -1,0 +1,283 @@
+"""The run list: columns, order, filters, search, and its cost on big tables."""
+
+import datetime as dt
+import re
+import uuid
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from everystep.models import Step, Workflow
+from everystep_ui import paginators
+from everystep_ui.admin import id_prefix_range
+from everystep_ui.paginators import EstimatedCountPaginator
+
+from .conftest import CHECKOUT
+
+LIST = "/admin/everystep/workflow/"
+
+
+def listed_ids(response) -> list[str]:
+    """Full run ids in the order the rows show them."""
+    return re.findall(r'<td class="field-short_id"><a href="[^"]+" title="([^"]+)"', response.text)
+
+
+def test_runs_newest_first_with_their_columns(admin_client, make_run):
+    created = timezone.now() - dt.timedelta(minutes=5)
+    first = make_run(
+        status="completed",
+        claimed_by="worker-7",
+        created_at=created,
+        completed_at=created + dt.timedelta(seconds=90),
+        steps=[{"step_id": "1"}, {"step_id": "2"}],
+    )
+    second = make_run(status="running")
+    third = make_run(status="failed")
+
+    response = admin_client.get(LIST)
+
+    assert response.status_code == 200
+    assert listed_ids(response) == [str(third.pk), str(second.pk), str(first.pk)]
+    row = response.text.split(f'title="{first.pk}"')[1].split("</tr>")[0]
+    assert f"<code>{str(first.pk)[:8]}…{str(first.pk)[-4:]}</code>" in row
+    assert CHECKOUT in row
+    assert '<span class="es-badge es-status-completed">completed</span>' in row
+    assert "worker-7" in row
+    assert "1 min 30 s" in row
+    assert '<td class="field-steps_recorded">2</td>' in row
+    assert f'href="/admin/everystep/workflow/{first.pk}/run/"' in response.text
+
+
+def test_the_list_does_not_count_the_whole_table_twice(admin_client, make_run):
+    make_run()
+    response = admin_client.get(LIST)
+    # show_full_result_count = False: "N results (M total)" would cost a second COUNT(*).
+    assert "total" not in response.text.split('id="changelist-search"')[1].split("</form>")[0]
+
+
+def test_query_count_does_not_grow_with_rows(admin_client, make_run, django_assert_max_num_queries):
+    make_run(steps=[{"step_id": "1"}])
+    admin_client.get(LIST)  # warm caches (content types, permissions)
+    with CaptureQueriesContext(connection) as few:
+        admin_client.get(LIST)
+
+    for index in range(40):
+        make_run(status="completed", steps=[{"step_id": str(n)} for n in range(1, index % 4 + 2)])
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        response = admin_client.get(LIST)
+    assert len(listed_ids(response)) == 41
+
+
+def test_the_list_query_leaves_payload_columns_out(admin_client, make_run):
+    make_run(args=[{"big": "x" * 1000}])
+    with CaptureQueriesContext(connection) as queries:
+        admin_client.get(LIST)
+    table = connection.ops.quote_name("everystep_workflow")
+    run_queries = [q["sql"] for q in queries.captured_queries if f"FROM {table}" in q["sql"]]
+    assert run_queries
+    for column in ("args", "result", "error"):
+        selected = f"{table}.{connection.ops.quote_name(column)}"
+        assert not any(selected in sql for sql in run_queries)
+
+
+# Filters
+
+
+@pytest.fixture
+def runs(make_run):
+    now = timezone.now()
+    return {
+        "old_failed": make_run(
+            status="failed",
+            claimed_by="worker-a",
+            created_at=now - dt.timedelta(days=10),
+            args=[{"order_id": 42, "tags": ["vip"]}, "eu"],
+        ),
+        "keyed": make_run(
+            name="shop.workflows.refund",
+            status="completed",
+            claimed_by="worker-b",
+            idempotency_key="refund-9",
+            args=[{"order_id": 7}],
+        ),
+        "fresh": make_run(status="scheduled", args=[42, True]),
+    }
+
+
+def listed(admin_client, query):
+    response = admin_client.get(LIST, query)
+    assert response.status_code == 200
+    return set(listed_ids(response))
+
+
+def ids(*rows):
+    return {str(row.pk) for row in rows}
+
+
+def test_filter_by_status(admin_client, runs):
+    assert listed(admin_client, {"status": "failed"}) == ids(runs["old_failed"])
+
+
+def test_filter_by_workflow_name_from_the_registry(admin_client, runs, monkeypatch):
+    from everystep import registry
+
+    monkeypatch.setattr(registry, "workflow_names", lambda: [CHECKOUT, "shop.workflows.refund"])
+    response = admin_client.get(LIST)
+    assert '<option value="shop.workflows.refund">' in response.text
+    assert listed(admin_client, {"name": "shop.workflows.refund"}) == ids(runs["keyed"])
+
+
+def test_filter_by_claimer(admin_client, runs):
+    assert listed(admin_client, {"claimed_by": "worker-b"}) == ids(runs["keyed"])
+
+
+def test_filter_by_created_date_range(admin_client, runs):
+    today = timezone.localdate()
+    recent = ids(runs["keyed"], runs["fresh"])
+    assert listed(admin_client, {"created_after": today.isoformat()}) == recent
+    before = (today - dt.timedelta(days=5)).isoformat()
+    assert listed(admin_client, {"created_before": before}) == ids(runs["old_failed"])
+    both = {"created_after": before, "created_before": today.isoformat()}
+    assert listed(admin_client, both) == recent
+
+
+def test_filter_by_having_an_idempotency_key(admin_client, runs):
+    assert listed(admin_client, {"has_idempotency_key": "true"}) == ids(runs["keyed"])
+    unkeyed = ids(runs["old_failed"], runs["fresh"])
+    assert listed(admin_client, {"has_idempotency_key": "false"}) == unkeyed
+
+
+@pytest.mark.parametrize(
+    ("needle", "expected"),
+    [
+        ('{"order_id": 42}', ["old_failed"]),
+        ('{"order_id": 7}', ["keyed"]),
+        ('[{"order_id": 42}, "eu"]', ["old_failed"]),
+        ('{"tags": ["vip"]}', ["old_failed"]),
+        ("42", ["fresh"]),
+        ("true", ["fresh"]),
+        ("1", []),
+        ('{"order_id": 43}', []),
+        ("  ", ["old_failed", "keyed", "fresh"]),
+    ],
+)
+def test_filter_by_argument_json_containment(admin_client, runs, needle, expected):
+    assert listed(admin_client, {"args": needle}) == ids(*(runs[name] for name in expected))
+
+
+def test_invalid_argument_json_is_a_clear_message_not_an_error(admin_client, runs):
+    response = admin_client.get(LIST, {"args": "{order_id: 42"})
+    assert response.status_code == 200
+    assert "The filter was not applied." in response.text
+    assert "Enter valid JSON, for example {&quot;order_id&quot;: 42}" in response.text
+    assert listed_ids(response) == []
+    # The form keeps what the user typed so it can be corrected.
+    assert 'value="{order_id: 42"' in response.text
+
+
+def test_an_unknown_status_is_refused_with_a_message(admin_client, runs):
+    response = admin_client.get(LIST, {"status": "exploded"})
+    assert response.status_code == 200
+    assert "The filter was not applied." in response.text
+    assert listed_ids(response) == []
+
+
+def test_filters_are_combined_and_keep_the_search(admin_client, runs):
+    response = admin_client.get(LIST, {"q": "shop", "status": "completed", "claimed_by": ""})
+    assert set(listed_ids(response)) == ids(runs["keyed"])
+    assert '<input type="hidden" name="q" value="shop">' in response.text
+
+
+def test_changelist_filters_on_the_standalone_mount(admin_client, runs):
+    response = admin_client.get("/everystep/", {"args": '{"order_id": 42}'})
+    assert response.status_code == 200
+    assert listed_ids(response) == [str(runs["old_failed"].pk)]
+    assert f'href="/everystep/{runs["old_failed"].pk}/run/"' in response.text
+
+
+# Search
+
+
+def test_search_by_id_prefix_name_or_idempotency_key(admin_client, make_run):
+    a = make_run(id=uuid.UUID("0190aaaa-0000-7000-8000-000000000001"), idempotency_key="k-1")
+    b = make_run(id=uuid.UUID("0190bbbb-0000-7000-8000-000000000002"), name="billing.flows.invoice")
+    assert listed(admin_client, {"q": "0190aa"}) == ids(a)
+    assert listed(admin_client, {"q": "0190BBBB-0000"}) == ids(b)
+    assert listed(admin_client, {"q": str(b.pk)}) == ids(b)
+    assert listed(admin_client, {"q": "invoice"}) == ids(b)
+    assert listed(admin_client, {"q": "k-1"}) == ids(a)
+    assert listed(admin_client, {"q": "nothing-like-it"}) == set()
+
+
+def test_id_prefix_becomes_a_primary_key_range():
+    low, high = id_prefix_range("0190-ab")
+    assert str(low) == "0190ab00-0000-0000-0000-000000000000"
+    assert str(high) == "0190abff-ffff-ffff-ffff-ffffffffffff"
+    assert id_prefix_range("not hex") is None
+    assert id_prefix_range("0" * 33) is None
+
+
+# Counting
+
+
+@pytest.mark.django_db
+def test_paginator_uses_the_estimate_only_for_a_big_unfiltered_table(monkeypatch, make_run):
+    for _ in range(3):
+        make_run()
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 2_000_000)
+    assert EstimatedCountPaginator(Workflow.objects.all(), 100).count == 2_000_000
+    filtered = Workflow.objects.filter(status="scheduled")
+    assert EstimatedCountPaginator(filtered, 100).count == 3
+
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 50)
+    assert EstimatedCountPaginator(Workflow.objects.all(), 100).count == 3
+
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: None)
+    assert EstimatedCountPaginator(Workflow.objects.all(), 100).count == 3
+
+
+@pytest.mark.django_db
+def test_estimate_is_postgresql_only():
+    estimate = paginators.estimated_row_count(Workflow.objects.all())
+    if connection.vendor == "postgresql":
+        assert estimate is None or estimate >= 0
+    else:
+        assert estimate is None
+
+
+def test_an_estimated_count_shows_in_the_list(admin_client, make_run, monkeypatch):
+    make_run()
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 1_234_567)
+    response = admin_client.get(LIST)
+    assert "1234567 workflows" in response.text
+
+
+# Read-only
+
+
+def test_nobody_adds_changes_or_deletes_runs_in_the_admin(admin_client, make_run):
+    run = make_run()
+    assert admin_client.get(LIST + "add/").status_code == 403
+    assert admin_client.post(f"{LIST}{run.pk}/delete/").status_code == 403
+    change = admin_client.get(f"{LIST}{run.pk}/change/")
+    assert change.status_code == 302
+    assert change["Location"] == f"{LIST}{run.pk}/run/"
+    assert Workflow.objects.filter(pk=run.pk).exists()
+    assert 'name="_selected_action"' not in admin_client.get(LIST).text
+
+
+def test_steps_are_listed_read_only_and_open_on_their_run(admin_client, make_run):
+    run = make_run(steps=[{"step_id": "1", "name": "shop.steps.reserve"}])
+    step = Step.objects.get(workflow=run)
+    response = admin_client.get("/admin/everystep/step/")
+    assert response.status_code == 200
+    assert "shop.steps.reserve" in response.text
+    step_page = f"{LIST}{run.pk}/run/steps/{step.pk}/"
+    assert f'href="{step_page}"' in response.text
+    change = admin_client.get(f"/admin/everystep/step/{step.pk}/change/")
+    assert change.status_code == 302
+    assert change["Location"] == step_page
+    assert admin_client.get("/admin/everystep/step/999999/change/").status_code == 404
+    assert admin_client.get("/admin/everystep/step/add/").status_code == 403

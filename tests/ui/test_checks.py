@@ -1,0 +1,34 @@
+"""everystep_ui's system checks."""
+
+from django.test import override_settings
+
+from everystep_ui.checks import check_htmx
+
+
+def ids(errors):
+    return [error.id for error in errors]
+
+
+def test_the_test_settings_pass():
+    assert check_htmx(None) == []
+
+
+def test_missing_htmx_middleware_is_an_error():
+    with override_settings(MIDDLEWARE=["django.contrib.sessions.middleware.SessionMiddleware"]):
+        errors = check_htmx(None)
+    assert ids(errors) == ["everystep_ui.E002"]
+    assert "django_htmx.middleware.HtmxMiddleware" in errors[0].hint
+
+
+def test_missing_django_htmx_app_is_an_error(settings):
+    apps = [app for app in settings.INSTALLED_APPS if app != "django_htmx"]
+    with override_settings(INSTALLED_APPS=apps):
+        errors = check_htmx(None)
+    assert ids(errors) == ["everystep_ui.E001"]
+    assert '"django_htmx"' in errors[0].hint
+
+
+def test_the_check_is_registered():
+    from django.core.checks import registry
+
+    assert check_htmx in registry.registry.get_checks()

@@ -1,0 +1,333 @@
+"""The run page: facts, outcome, the step tree, live polling, intended steps."""
+
+import datetime as dt
+import re
+import sys
+import types
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from everystep import registry
+
+from .conftest import CHECKOUT, HTMX
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+def run_page(run):
+    return f"/admin/everystep/workflow/{run.pk}/run/"
+
+
+def tree_paths(response) -> list[str]:
+    return re.findall(r'<code class="es-path">([^<]+)</code>', response.text)
+
+
+def test_the_page_shows_the_run_in_the_admin_frame(admin_client, make_run):
+    created = timezone.now() - dt.timedelta(hours=1)
+    run = make_run(
+        status="completed",
+        claimed_by="worker-3",
+        idempotency_key="order-42",
+        args=[{"order_id": 42}, "eu"],
+        result={"charged": 1999},
+        created_at=created,
+        completed_at=created + dt.timedelta(seconds=5),
+    )
+    response = admin_client.get(run_page(run))
+    assert response.status_code == 200
+    html = response.text
+    assert "Django administration" in html  # extends admin/base_site.html
+    assert f"Run {run.pk}" in html
+    assert CHECKOUT in html and "worker-3" in html and "order-42" in html
+    assert '<span class="es-badge es-status-completed">completed</span>' in html
+    assert "5.0 s" in html
+    assert "[\n  {\n    &quot;order_id&quot;: 42\n  },\n  &quot;eu&quot;\n]" in html
+    assert "{\n  &quot;charged&quot;: 1999\n}" in html
+    assert f'href="/admin/everystep/workflow/{run.pk}/history/"' in html
+
+
+def test_htmx_is_served_from_static_files_only(admin_client, make_run):
+    html = admin_client.get(run_page(make_run())).text
+    assert '<script src="/static/django_htmx/htmx-2.min.js" defer></script>' in html
+    assert not re.search(r'(src|href)="(https?:)?//', html), "no asset from another host"
+
+
+def test_a_failed_run_shows_its_decoded_error(admin_client, make_run):
+    error = {"type": "shop.errors.PaymentDeclined", "message": "card declined", "args": ["card declined", 51]}
+    html = admin_client.get(run_page(make_run(status="failed", error=error))).text
+    assert "shop.errors.PaymentDeclined" in html
+    assert "card declined" in html
+    assert "[\n  &quot;card declined&quot;,\n  51\n]" in html
+    assert "Result" not in html
+
+
+def test_a_stopped_run_shows_the_terminal_reason_and_payload(admin_client, make_run):
+    error = {
+        "type": "everystep.errors.Terminal",
+        "message": "customer cancelled",
+        "args": ["customer cancelled", {"ticket": 7}],
+    }
+    html = admin_client.get(run_page(make_run(status="stopped", error=error))).text
+    assert "<h3>Stopped</h3>" in html
+    assert '<th scope="row">Reason</th><td>customer cancelled</td>' in html
+    assert "{\n  &quot;ticket&quot;: 7\n}" in html
+
+
+def test_a_blocked_run_tells_how_to_resolve_it(admin_client, make_run):
+    error = {"type": "everystep.errors.EffectUncertain", "message": "step 2 uncertain", "args": []}
+    run = make_run(
+        status="blocked",
+        error=error,
+        steps=[{"step_id": "1"}, {"step_id": "2", "status": "started", "name": "shop.steps.ship"}],
+    )
+    html = admin_client.get(run_page(run)).text
+    assert (
+        f"python manage.py everystep_resolve_step {run.pk} 2 (--result JSON | --error MESSAGE | --discard)"
+    ) in html
+    assert "started (uncertain)" in html
+
+
+def test_an_unreadable_error_payload_is_shown_as_stored(admin_client, make_run):
+    html = admin_client.get(run_page(make_run(status="failed", error="just a string"))).text
+    assert "&quot;just a string&quot;" in html
+
+
+def test_stored_script_renders_inert(admin_client, make_run):
+    run = make_run(
+        name=f"evil.{SCRIPT}",
+        status="failed",
+        claimed_by=SCRIPT,
+        idempotency_key=SCRIPT,
+        args=[SCRIPT, {SCRIPT: SCRIPT}],
+        error={"type": SCRIPT, "message": SCRIPT, "args": [SCRIPT]},
+        steps=[{"step_id": "1", "name": SCRIPT}, {"step_id": SCRIPT}],
+    )
+    for url in (run_page(run), "/admin/everystep/workflow/", f"/everystep/{run.pk}/run/"):
+        html = admin_client.get(url).text
+        assert SCRIPT not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+# The step tree
+
+
+def test_step_ids_nest_as_forks_branches_and_steps(admin_client, make_run):
+    run = make_run(
+        status="running",
+        steps=[
+            {"step_id": "1"},
+            {"step_id": "2"},
+            {"step_id": "3.1.1"},
+            {"step_id": "3.0.1"},
+            {"step_id": "3.0.2", "status": "failed"},
+            {"step_id": "fanout.0.1"},
+            {"step_id": "fanout.1.1.0.1"},
+            {"step_id": "10"},
+            {"step_id": "charge", "status": "started", "name": "shop.steps.charge_card"},
+        ],
+    )
+    response = admin_client.get(run_page(run))
+    assert tree_paths(response) == [
+        "1",
+        "2",
+        "3",
+        "3.0",
+        "3.0.1",
+        "3.0.2",
+        "3.1",
+        "3.1.1",
+        "fanout",
+        "fanout.0",
+        "fanout.0.1",
+        "fanout.1",
+        "fanout.1.1",
+        "fanout.1.1.0",
+        "fanout.1.1.0.1",
+        "10",
+        "charge",
+    ]
+    html = response.text
+    assert '<li class="es-node es-fork">' in html and '<li class="es-node es-branch">' in html
+    assert "branch 1" in html
+    assert '<span class="es-badge es-status-in_flight">in flight</span>' in html
+    assert '<span class="es-badge es-status-failed">failed</span>' in html
+    assert "9 recorded" in html
+
+
+def test_the_tree_query_leaves_step_payloads_out(admin_client, make_run):
+    run = make_run(steps=[{"step_id": "1", "args": ["x" * 10_000], "result": "y" * 10_000}])
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(run_page(run))
+    assert "x" * 100 not in response.text
+    table = connection.ops.quote_name("everystep_step")
+    step_queries = [q["sql"] for q in queries.captured_queries if f"FROM {table}" in q["sql"]]
+    assert step_queries
+    for column in ("args", "kwargs", "result", "error"):
+        selected = f"{table}.{connection.ops.quote_name(column)}"
+        assert not any(selected in sql for sql in step_queries)
+
+
+def test_the_page_costs_the_same_queries_for_one_step_or_many(admin_client, make_run):
+    def queries_for(run):
+        admin_client.get(run_page(run))
+        with CaptureQueriesContext(connection) as queries:
+            admin_client.get(run_page(run))
+        return len(queries.captured_queries)
+
+    one = make_run(status="running", steps=[{"step_id": "1"}])
+    many = make_run(
+        status="running",
+        steps=[{"step_id": f"{i}.{b}.1"} for i in range(1, 30) for b in range(2)],
+    )
+    assert queries_for(many) == queries_for(one)
+
+
+def test_each_recorded_step_expands_by_htmx_or_by_link(admin_client, make_run):
+    run = make_run(steps=[{"step_id": "1"}])
+    step = run.steps.get()
+    url = f"/admin/everystep/workflow/{run.pk}/run/steps/{step.pk}/"
+    html = admin_client.get(run_page(run)).text
+    assert f'hx-get="{url}" hx-trigger="toggle once"' in html
+    assert f'<a href="{url}">' in html
+
+
+def test_a_run_without_steps_says_so(admin_client, make_run):
+    assert "No step recorded yet." in admin_client.get(run_page(make_run())).text
+
+
+# Live updates
+
+
+@pytest.mark.parametrize("status", ["scheduled", "running"])
+def test_a_live_run_polls_its_status_and_tree(admin_client, make_run, status):
+    run = make_run(status=status)
+    html = admin_client.get(run_page(run)).text
+    assert f'hx-get="{run_page(run)}" hx-trigger="every 2s" hx-swap="outerHTML"' in html
+
+    poll = admin_client.get(run_page(run), **HTMX)
+    assert poll.status_code == 200
+    assert poll.text.lstrip().startswith('<div id="es-run-live"')
+    assert "<html" not in poll.text and "Arguments" not in poll.text
+    assert 'hx-trigger="every 2s"' in poll.text
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "stopped", "blocked"])
+def test_polling_stops_once_the_run_is_terminal(admin_client, make_run, status):
+    run = make_run(status=status)
+    assert "hx-trigger" not in admin_client.get(run_page(run)).text.split("es-run-live")[1][:200]
+    poll = admin_client.get(run_page(run), **HTMX)
+    assert poll.status_code == 286
+    assert f'<span class="es-badge es-status-{status}">' in poll.text
+    assert 'hx-trigger="every 2s"' not in poll.text
+
+
+# Intended structure
+
+
+@pytest.fixture
+def registered_checkout(monkeypatch):
+    def checkout(order_id):  # the body is what the (fake) analysis reads
+        pass
+
+    spec = registry.Spec(name=CHECKOUT, func=checkout, kind="workflow")
+    monkeypatch.setitem(registry._workflows, CHECKOUT, spec)
+    return checkout
+
+
+def fake_graph(monkeypatch, *, step_ids=(), reason=None):
+    analysed = []
+
+    def intended_steps(func):
+        analysed.append(func)
+        return types.SimpleNamespace(step_ids=list(step_ids), reason=reason)
+
+    module = types.ModuleType("everystep.graph")
+    module.intended_steps = intended_steps
+    monkeypatch.setitem(sys.modules, "everystep.graph", module)
+    return analysed
+
+
+def test_steps_not_run_yet_show_as_pending(admin_client, make_run, registered_checkout, monkeypatch):
+    analysed = fake_graph(
+        monkeypatch,
+        step_ids=[
+            ("1", "shop.steps.reserve"),
+            ("2.0.1", "shop.steps.charge"),
+            ("2.1.1", "shop.steps.email"),
+            ("3", "shop.steps.ship"),
+        ],
+    )
+    run = make_run(status="running", steps=[{"step_id": "1", "name": "shop.steps.reserve"}])
+    response = admin_client.get(run_page(run))
+    assert analysed == [registered_checkout]
+    assert tree_paths(response) == ["1", "2", "2.0", "2.0.1", "2.1", "2.1.1", "3"]
+    html = response.text
+    assert html.count('<span class="es-badge es-status-pending">pending</span>') == 3
+    assert "shop.steps.ship" in html
+    assert "Only recorded steps are shown" not in html
+
+
+def test_the_fallback_reason_is_shown(admin_client, make_run, registered_checkout, monkeypatch):
+    fake_graph(monkeypatch, reason="the body has a for loop at line 12")
+    run = make_run(status="running", steps=[{"step_id": "1"}])
+    html = admin_client.get(run_page(run)).text
+    assert "Only recorded steps are shown" in html
+    assert "the body has a for loop at line 12" in html
+    assert "es-status-pending" not in html
+
+
+def test_an_unregistered_workflow_falls_back_to_recorded_steps(admin_client, make_run, monkeypatch):
+    fake_graph(monkeypatch, step_ids=[("1", "x.y")])
+    run = make_run(name="gone.module.old_flow", status="failed", steps=[{"step_id": "1"}])
+    html = admin_client.get(run_page(run)).text
+    assert "no workflow named gone.module.old_flow is registered in this process" in html
+
+
+def test_a_broken_analysis_does_not_break_the_page(admin_client, make_run, registered_checkout, monkeypatch):
+    module = types.ModuleType("everystep.graph")
+
+    def intended_steps(func):
+        raise RuntimeError("boom")
+
+    module.intended_steps = intended_steps
+    monkeypatch.setitem(sys.modules, "everystep.graph", module)
+    response = admin_client.get(run_page(make_run(status="running")))
+    assert response.status_code == 200
+    assert "the analysis failed (RuntimeError: boom)" in response.text
+
+
+def test_a_completed_run_is_not_analysed(admin_client, make_run, registered_checkout, monkeypatch):
+    analysed = fake_graph(monkeypatch, step_ids=[("1", "a"), ("2", "b")])
+    run = make_run(status="completed", steps=[{"step_id": "1"}])
+    html = admin_client.get(run_page(run)).text
+    assert analysed == []
+    assert "es-status-pending" not in html
+
+
+def test_the_real_analysis_adds_pending_steps(admin_client, make_run):
+    pytest.importorskip("everystep.graph")
+    from . import sample_workflows as flows
+
+    run = make_run(
+        name=f"{flows.__name__}.checkout",
+        status="running",
+        steps=[{"step_id": "1", "name": f"{flows.__name__}.reserve"}],
+    )
+    response = admin_client.get(run_page(run))
+    assert tree_paths(response) == ["1", "2", "2.0", "2.0.1", "2.1", "2.1.1", "3"]
+    assert response.text.count("es-status-pending") == 3
+    assert f"{flows.__name__}.ship" in response.text
+
+
+def test_the_real_analysis_explains_a_loop(admin_client, make_run):
+    pytest.importorskip("everystep.graph")
+    from . import sample_workflows as flows
+
+    run = make_run(name=f"{flows.__name__}.ship_each", status="running")
+    html = admin_client.get(run_page(run)).text
+    assert "Only recorded steps are shown" in html
+    assert "a for loop" in html
+    assert "es-status-pending" not in html
