@@ -49,7 +49,12 @@ class Workflow(models.Model):
                 fields=["created_at"],
                 condition=Q(status="scheduled"),
                 name="everystep_workflow_claim_idx",
-            )
+            ),
+            # Back the UI's filters and searches (PostgreSQL also gets a GIN index
+            # on args for JSON containment, in migration 0007).
+            models.Index(fields=["name", "-created_at"], name="everystep_workflow_name_idx"),
+            models.Index(fields=["claimed_by"], name="everystep_workflow_claimer_idx"),
+            models.Index(fields=["idempotency_key"], name="everystep_workflow_idem_idx"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -12,3 +12,8 @@ class EverystepUIConfig(AppConfig):
         from .json_contains import register_sqlite_function
 
         connection_created.connect(register_sqlite_function, dispatch_uid="everystep_ui_sqlite")
+        # The workflow filter and the pending steps need the project's workflows
+        # registered in the web process too, as workers do at start-up.
+        from everystep.registry import autodiscover
+
+        autodiscover()
