@@ -24,7 +24,7 @@ import psycopg
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
 from django.db import connections as db_connections
 
-from . import registry, serde
+from . import observability, registry, serde
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -44,6 +44,9 @@ logger = logging.getLogger("everystep")
 # outcome is written. Raising SimulatedCrash there ends the run as a process death would.
 fault: Callable | None = None
 
+# Metrics, Sentry and trace hooks (everystep.observability), or None when no
+# observability extra is importable: an executed step then costs one check.
+observer = observability.observer
 
 
 # ---------------------------------------------------------------- running a run
@@ -57,13 +60,19 @@ def execute(run, claimer: str, *, leave_check: Callable | None = None) -> str | 
     ``leave_check()`` is asked at every step boundary; returning a
     ``DrainOrphan`` makes the run leave this worker there.
     """
+    if observer is not None:
+        return observer.run(run, claimer, _replay, leave_check)
+    return _replay(run, claimer, leave_check)
+
+
+def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
     spec = registry.get_workflow(run.name)
     if spec is None:
         error = EverystepError(
             f"run {run.id}: no @workflow is registered as {run.name!r} (was it renamed or "
             "removed?). Deploy the code that defines it, then retry the run."
         )
-        return _end(run, claimer, Status.FAILED, error=serde.encode_exception(error))
+        return _end(run, claimer, Status.FAILED, exc=error)
     state = RunState(run.id, run.name, claimer, leave_check)
     state.store = _load_outcomes(run.id)
     value, raised = None, None
@@ -102,29 +111,32 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
         operations_retrying(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
     if isinstance(outcome, Terminal):
-        return _end(run, state.claimer, Status.STOPPED, error=serde.encode_exception(outcome))
+        return _end(run, state.claimer, Status.STOPPED, exc=outcome)
     if isinstance(outcome, EffectUncertain):
-        return _end(run, state.claimer, Status.BLOCKED, error=serde.encode_exception(outcome))
+        return _end(run, state.claimer, Status.BLOCKED, exc=outcome)
     if outcome is not None:
         if state.engine_error is not None:
             logger.error("run %s: engine error while recording: %r", run.id, outcome)
-        return _end(run, state.claimer, Status.FAILED, error=serde.encode_exception(outcome))
+        return _end(run, state.claimer, Status.FAILED, exc=outcome)
     try:
         serde.encode(value)
     except EverystepError as exc:
         error = EverystepError(
             f"run {run.id}: the workflow's return value is not serializable: {exc}"
         )
-        return _end(run, state.claimer, Status.FAILED, error=serde.encode_exception(error))
+        return _end(run, state.claimer, Status.FAILED, exc=error)
     return _end(run, state.claimer, Status.COMPLETED, result=value)
 
 
-def _end(run, claimer, status, *, result=None, error=None) -> str | None:
+def _end(run, claimer, status, *, result=None, exc: BaseException | None = None) -> str | None:
     from . import operations
 
+    error = None if exc is None else serde.encode_exception(exc)
     if operations_retrying(
         operations.finish_run, run.id, claimer, status, result=result, error=error
     ):
+        if status == Status.FAILED and observer is not None:
+            observer.run_failed(run, claimer, exc)  # once: only one guarded update matches
         return status
     logger.warning(
         "run %s is no longer running under %r; its end (%s) was not recorded",
@@ -188,7 +200,10 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
         _claim_effect(row)
     ctx.running_step = step_id
     try:
-        result = spec.func(*args, **kwargs)
+        if observer is None:
+            result = spec.func(*args, **kwargs)
+        else:
+            result = observer.step(state, step_id, spec, args, kwargs)
     except Exception as exc:
         ctx.running_step = None
         _fault(ctx, step_id)
@@ -358,6 +373,9 @@ def run_parallel(branches: Sequence, everystep_id: str | None) -> tuple:
     ctx.state.check()
     fork_id = ctx.next_id(everystep_id)
     children = [ctx.child(f"{fork_id}.{i}.") for i in range(len(callables))]
+    if observer is not None:
+        with observer.fork(ctx.state, fork_id) as wrap_branch:
+            return _gather(callables, children, ctx.state, wrap_branch)
     return _gather(callables, children, ctx.state)
 
 
@@ -375,7 +393,7 @@ def _as_callable(branch, index: int) -> Callable:
     return branch
 
 
-def _gather(callables, contexts, state: RunState | None) -> tuple:
+def _gather(callables, contexts, state: RunState | None, wrap_branch: Callable | None = None) -> tuple:
     results: list[Any] = [None] * len(callables)
     errors: list[BaseException | None] = [None] * len(callables)
 
@@ -388,8 +406,10 @@ def _gather(callables, contexts, state: RunState | None) -> tuple:
         finally:
             db_connections.close_all()  # this thread's connections only
 
+    # wrap_branch carries the trace context into the branch thread.
+    target = run_branch if wrap_branch is None else wrap_branch(run_branch)
     threads = [
-        threading.Thread(target=run_branch, args=(i,), name=f"everystep-branch-{i}")
+        threading.Thread(target=target, args=(i,), name=f"everystep-branch-{i}")
         for i in range(len(callables))
     ]
     for thread in threads:

@@ -1,0 +1,149 @@
+"""Prometheus metrics (``everystep[metrics]``), on prometheus_client's default registry.
+
+Labels are bounded: workflow and step function names come from code, runner
+names from configuration. A run id is never a label.
+
+The gauges read from the database (runs per status, age of the oldest
+pending run) are computed only when ``everystep.views.metrics_view`` is
+scraped, so a worker's own endpoint never queries the database.
+"""
+
+from django.utils import timezone
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+
+from ..statuses import RunStatus
+
+# Runs and steps are often long (remote calls, human waits): the default
+# buckets stop at 10s.
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+runs_ended = Counter(
+    "everystep_runs_ended",
+    "Runs that reached a terminal status, by the worker that ended them.",
+    ["workflow", "status", "runner"],
+)
+run_duration = Histogram(
+    "everystep_run_duration_seconds",
+    "Wall time of the pass that ended a run (earlier passes of a resumed run not included).",
+    ["workflow", "status", "runner"],
+    buckets=RUN_BUCKETS,
+)
+steps_executed = Counter(
+    "everystep_steps_executed",
+    "Step functions executed (replayed steps are not counted), by outcome.",
+    ["workflow", "step", "outcome", "runner"],
+)
+step_duration = Histogram(
+    "everystep_step_duration_seconds",
+    "Time spent in an executed step's function.",
+    ["workflow", "step", "outcome", "runner"],
+    buckets=STEP_BUCKETS,
+)
+runs_claimed = Counter("everystep_runs_claimed", "Runs claimed by a worker.", ["runner"])
+runs_requeued = Counter(
+    "everystep_runs_requeued",
+    "Runs a worker handed back to scheduled (drain, database outage).",
+    ["runner"],
+)
+pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
+runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
+start_time = Gauge(
+    "everystep_worker_start_time_seconds", "When the worker started, as a Unix time.", ["runner"]
+)
+
+_TERMINAL = frozenset(RunStatus.terminal_values())
+
+
+def run_ended(workflow: str, status: str | None, runner: str, seconds: float) -> None:
+    """``status`` as the runner wrote it: terminal, ``scheduled`` (the run left
+    at a step boundary) or None (nothing written: fenced or crashed)."""
+    if status in _TERMINAL:
+        runs_ended.labels(workflow, status, runner).inc()
+        run_duration.labels(workflow, status, runner).observe(seconds)
+    elif status == RunStatus.SCHEDULED:
+        runs_requeued.labels(runner).inc()
+
+
+# The labelled children of the two step metrics, by label values: labels()
+# validates and locks on every call, which is most of the per-step cost.
+_step_series: dict[tuple, tuple] = {}
+
+
+def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: float) -> None:
+    key = (workflow, step, outcome, runner)
+    series = _step_series.get(key)
+    if series is None:
+        series = _step_series[key] = (steps_executed.labels(*key), step_duration.labels(*key))
+    series[0].inc()
+    series[1].observe(seconds)
+
+
+def worker_started(name: str, size: int) -> None:
+    pool_size.labels(name).set(size)
+    runs_in_flight.labels(name).set(0)
+    start_time.labels(name).set_to_current_time()
+
+
+def claimed(name: str, n: int) -> None:
+    runs_claimed.labels(name).inc(n)
+
+
+def requeued(name: str, n: int) -> None:
+    runs_requeued.labels(name).inc(n)
+
+
+def in_flight(name: str, delta: int) -> None:
+    runs_in_flight.labels(name).inc(delta)
+
+
+def serve_worker_metrics(port: int, bind: str):
+    return start_http_server(port, addr=bind)
+
+
+# ---------------------------------------------------------------- scrape time
+
+
+def database_families():
+    """Gauges read from the database now; two cheap queries, both on indexes."""
+    from django.db.models import Count
+
+    from ..models import Workflow
+
+    shown = [RunStatus.SCHEDULED, RunStatus.RUNNING, RunStatus.BLOCKED]
+    counts = dict(
+        Workflow.objects.filter(status__in=shown)  # the status index
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
+    )
+    runs = GaugeMetricFamily(
+        "everystep_runs",
+        "Runs in a non-terminal status (scheduled = pending) or blocked, read at scrape time.",
+        labels=["status"],
+    )
+    for status in shown:
+        runs.add_metric([status], counts.get(status, 0))
+    oldest = Workflow.objects.claimable().values_list("created_at", flat=True).first()  # the claim index
+    age = GaugeMetricFamily(
+        "everystep_oldest_pending_run_age_seconds",
+        "Seconds since the oldest scheduled run was created (0 when none), read at scrape time.",
+        value=max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0,
+    )
+    return [runs, age]
+
+
+class _AtScrape:
+    """This process's metrics followed by the database gauges."""
+
+    def collect(self):
+        yield from REGISTRY.collect()
+        yield from database_families()
+
+
+def exposition(accept: str) -> tuple[bytes, str]:
+    """The scrape body and its content type, in the format the scraper asked for."""
+    encoder, content_type = choose_encoder(accept)
+    return encoder(_AtScrape()), content_type

@@ -1,0 +1,111 @@
+"""OpenTelemetry traces (``everystep[otel]``), through the API only.
+
+One span per run pass, named after the workflow; one child span per executed
+step (replayed steps make none), named after the step function; one span per
+``parallel`` fork, whose branch threads carry its context so their step spans
+nest under it. A run span is in error only when the run ended ``failed``;
+a step or fork span only for a real failure, never for ``Terminal``, a
+blocked step, a drain or a fence.
+
+The tracer comes from the global provider the project configures; without
+one (or when the run was sampled out) the run span is not recording, and
+steps and forks then make no span at all.
+"""
+
+from contextlib import contextmanager
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from ..errors import DrainOrphan, EffectUncertain, SimulatedCrash, Terminal
+
+# A proxy until the project sets its provider, then that provider's tracer.
+tracer = trace.get_tracer("everystep")
+
+_CONTROL = (Terminal, EffectUncertain, DrainOrphan, SimulatedCrash)
+_NOT_RECORDED = "not_recorded"  # the run's end was not written (fenced, simulated crash)
+
+
+def _quiet_span(name: str, attributes: dict):
+    # The API would mark any exception as an error; Terminal and friends are not.
+    return tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    )
+
+
+def _fail(span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+@contextmanager
+def run_span(run, claimer: str):
+    attributes = {
+        "everystep.workflow": run.name,
+        "everystep.run_id": str(run.id),
+        "everystep.runner": claimer,
+    }
+    with _quiet_span(run.name, attributes) as span:
+        try:
+            yield span
+        except Exception as exc:  # an engine error outside the body
+            _fail(span, exc)
+            raise
+
+
+def run_ended(span, status: str | None) -> None:
+    span.set_attribute("everystep.status", status or _NOT_RECORDED)
+
+
+def run_failed(exc: BaseException) -> None:
+    # Called while the run span is current (the runner writes the end inside it).
+    _fail(trace.get_current_span(), exc)
+
+
+def recording() -> bool:
+    """Whether the current span records: steps and forks make spans only then."""
+    return trace.get_current_span().is_recording()
+
+
+@contextmanager
+def _child_span(name: str, attributes: dict):
+    with _quiet_span(name, attributes) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_attribute("everystep.outcome", "failed")
+            if not isinstance(exc, _CONTROL):
+                _fail(span, exc)
+            raise
+        span.set_attribute("everystep.outcome", "done")
+
+
+def step_span(state, step_id: str, spec):
+    attributes = {
+        "everystep.step_id": step_id,
+        "everystep.step": spec.name,
+        "everystep.run_id": str(state.workflow_id),
+    }
+    return _child_span(spec.name, attributes)
+
+
+def fork_span(state, fork_id: str):
+    return _child_span(
+        "parallel", {"everystep.step_id": fork_id, "everystep.run_id": str(state.workflow_id)}
+    )
+
+
+def carry_context(target):
+    """Wrap a branch thread's target so that it runs in this thread's current
+    context (contextvars do not cross into a new thread)."""
+    parent = otel_context.get_current()
+
+    def in_branch(*args):
+        token = otel_context.attach(parent)
+        try:
+            return target(*args)
+        finally:
+            otel_context.detach(token)
+
+    return in_branch
