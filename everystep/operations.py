@@ -6,14 +6,18 @@ claimer) it expects and reports whether it matched, so a caller that lost a
 race writes nothing. Nothing here reads a row, changes it in Python and saves.
 """
 
+import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .errors import EverystepError, StepFailure
+from . import registry
+from .errors import EverystepError, StepFailure, Terminal
 from .models import Step, Workflow
+from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
 
 Status = Workflow.Status
@@ -95,3 +99,271 @@ def resolve_step(
         )
     run.refresh_from_db()
     return run
+
+
+# ---------------------------------------------------------------- operator transitions
+
+STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED)
+RETRYABLE = (Status.FAILED, Status.STOPPED)
+REQUEUEABLE = (Status.RUNNING,)
+
+
+@dataclass(frozen=True)
+class DiscardedStep:
+    """A step row that a retry deletes; ``unsafe`` when its function is unsafe to repeat."""
+
+    id: int
+    step_id: str
+    name: str
+    status: str
+    unsafe: bool
+
+
+def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = None) -> Workflow:
+    """``scheduled``/``running``/``blocked`` -> ``stopped``, with an encoded ``Terminal``.
+
+    A worker running the run starts no further step: on PostgreSQL it hears a
+    NOTIFY and leaves at the next step boundary; elsewhere its next step write
+    is fenced out (so at most the step in flight, or the next one, still runs).
+    """
+    run_id = parse_run_id(run_id)
+    statuses = _allowed_from(run_id, expected_status, STOPPABLE, "stopped")
+    reason = f"stopped by an operator ({actor})" if actor else "stopped by an operator"
+    with transaction.atomic():
+        updated = Workflow.objects.filter(id=run_id, status__in=statuses).update(
+            status=Status.STOPPED,
+            error=encode_exception(Terminal(reason)),
+            completed_at=timezone.now(),
+        )
+        if not updated:
+            raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
+        notify_control(_using(), run_id)
+    return Workflow.objects.get(id=run_id)
+
+
+def retry_preview(run_id) -> list[DiscardedStep]:
+    """The step rows :func:`retry_run` would discard now, in recording order."""
+    run_id = parse_run_id(run_id)
+    if not Workflow.objects.filter(id=run_id).exists():
+        raise EverystepError(f"run {run_id} does not exist")
+    return _discardable(run_id)
+
+
+def retry_run(run_id, *, expected_status: str | None = None) -> list[DiscardedStep]:
+    """``failed``/``stopped`` -> ``scheduled``, discarding the step rows from the
+    first ``failed`` one onward (so the failed step runs again) and clearing the
+    run's end. One transaction on the locked run row; returns what was discarded."""
+    run_id = parse_run_id(run_id)
+    statuses = _allowed_from(run_id, expected_status, RETRYABLE, "retried")
+    with transaction.atomic():
+        status = (
+            Workflow.objects.select_for_update()
+            .filter(id=run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status not in statuses:
+            raise _refusal(run_id, expected_status, RETRYABLE, "retried")
+        discarded = _discardable(run_id)
+        Step.objects.filter(id__in=[row.id for row in discarded]).delete()
+        Workflow.objects.filter(id=run_id, status=status).update(
+            status=Status.SCHEDULED, error=None, result=None, completed_at=None, claimed_by=None
+        )
+        notify_scheduled(_using())
+    return discarded
+
+
+def _discardable(run_id) -> list[DiscardedStep]:
+    steps = Step.objects.filter(workflow_id=run_id).order_by("id")
+    first_failed = steps.filter(status=Step.Status.FAILED).values_list("id", flat=True).first()
+    if first_failed is None:
+        return []
+    rows = steps.filter(id__gte=first_failed).values_list("id", "step_id", "name", "status")
+    return [
+        DiscardedStep(pk, step_id, name, status, _is_unsafe(name)) for pk, step_id, name, status in rows
+    ]
+
+
+def _is_unsafe(step_name: str) -> bool:
+    spec = registry.get_step(step_name)
+    return spec is not None and spec.unsafe_to_repeat
+
+
+def requeue_run(run_id, *, expected_status: str | None = Status.RUNNING) -> Workflow:
+    """``running`` -> ``scheduled`` with no claimer: for a run parked by a crashed
+    worker. A live claimer is fenced out (it writes nothing more for this claim)."""
+    run_id = parse_run_id(run_id)
+    _allowed_from(run_id, expected_status, REQUEUEABLE, "requeued")
+    with transaction.atomic():
+        updated = Workflow.objects.filter(id=run_id, status=Status.RUNNING).update(
+            status=Status.SCHEDULED, claimed_by=None
+        )
+        if not updated:
+            raise _refusal(run_id, expected_status, REQUEUEABLE, "requeued")
+        notify_control(_using(), run_id)
+        notify_scheduled(_using())
+    return Workflow.objects.get(id=run_id)
+
+
+def requeue_claimer(name: str) -> list[uuid.UUID]:
+    """Requeue every run left ``running`` under worker ``name``; returns their ids."""
+    if not name or not name.strip():
+        raise EverystepError("a claimer name must not be empty")
+    with transaction.atomic():
+        ids = list(Workflow.objects.parked_by(name).select_for_update().values_list("id", flat=True))
+        if not ids:
+            return []
+        Workflow.objects.filter(id__in=ids, status=Status.RUNNING, claimed_by=name).update(
+            status=Status.SCHEDULED, claimed_by=None
+        )
+        for run_id in ids:
+            notify_control(_using(), run_id)
+        notify_scheduled(_using())
+    return ids
+
+
+def _allowed_from(run_id, expected_status, allowed, done: str) -> tuple:
+    """The statuses the guarded UPDATE may match: the one the operator saw, or all allowed."""
+    if expected_status is None:
+        return tuple(allowed)
+    if expected_status not in allowed:
+        raise EverystepError(
+            f"run {run_id}: a {expected_status} run cannot be {done} "
+            f"(only a {' or '.join(allowed)} one can)"
+        )
+    return (expected_status,)
+
+
+def _refusal(run_id, expected_status, allowed, done: str) -> EverystepError:
+    """Why a guarded UPDATE matched nothing, for the operator; nothing was changed."""
+    status = Workflow.objects.filter(id=run_id).values_list("status", flat=True).first()
+    if status is None:
+        return EverystepError(f"run {run_id} does not exist")
+    if expected_status is not None and status != expected_status:
+        return EverystepError(
+            f"run {run_id} moved on: it is {status} now, not {expected_status}; nothing was changed"
+        )
+    return EverystepError(
+        f"run {run_id} is {status}: only a {' or '.join(allowed)} run can be {done}; nothing was changed"
+    )
+
+
+def _using() -> str:
+    return router.db_for_write(Workflow)
+
+
+# ---------------------------------------------------------------- claiming (the worker's side)
+
+
+def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
+    """Claim up to ``limit`` ``scheduled`` runs, oldest first, for ``claimer``.
+
+    One short transaction. Concurrent claimers get disjoint sets: PostgreSQL
+    skips rows another claimer has locked, MariaDB/MySQL wait for its lock
+    (plain ``FOR UPDATE``), SQLite claims in one ``UPDATE ... RETURNING`` under
+    its single write lock. ``exclude``: runs this worker still has in flight (a
+    run requeued under a live worker must not be run twice by it at once).
+    """
+    if limit <= 0:
+        return []
+    using = _using()
+    with transaction.atomic(using=using):
+        if connections[using].vendor == "sqlite":
+            runs = _claim_sqlite(using, claimer, limit, exclude)
+        else:
+            runs = list(claim_queryset(using, limit, exclude))
+            if runs:
+                Workflow.objects.using(using).filter(id__in=[run.id for run in runs]).update(
+                    status=Status.RUNNING, claimed_by=claimer
+                )
+            for run in runs:
+                run.status, run.claimed_by = Status.RUNNING, claimer
+    return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
+
+
+def claim_queryset(using: str, limit: int, exclude=()):
+    """The locking read of a claim on PostgreSQL and MariaDB/MySQL (must run in a transaction)."""
+    skip_locked = connections[using].vendor == "postgresql"
+    runs = Workflow.objects.using(using).claimable()
+    if exclude:
+        runs = runs.exclude(id__in=list(exclude))
+    return runs.select_for_update(skip_locked=skip_locked)[:limit]
+
+
+def _claim_sqlite(using: str, claimer: str, limit: int, exclude) -> list[Workflow]:
+    conn = connections[using]
+    excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
+    not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
+    columns = ", ".join(field.column for field in Workflow._meta.concrete_fields)
+    sql = (
+        "UPDATE everystep_workflow SET status = %s, claimed_by = %s WHERE id IN ("
+        f"SELECT id FROM everystep_workflow WHERE status = %s {not_in}"
+        f"ORDER BY created_at LIMIT %s) RETURNING {columns}"
+    )
+    params = [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
+    return list(Workflow.objects.using(using).raw(sql, params))
+
+
+def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
+    """Crash recovery at start-up: the runs left ``running`` under ``claimer``.
+
+    Returns up to ``limit`` of them (oldest first) to run again; any beyond that
+    are requeued, so that no run stays parked under a worker that will not get to it.
+    """
+    parked = list(Workflow.objects.parked_by(claimer).order_by("created_at"))
+    for run in parked[limit:]:
+        release_run(run.id, claimer)
+    return parked[:limit]
+
+
+# ---------------------------------------------------------------- retention
+
+
+def prune(
+    *,
+    older_than: dt.timedelta,
+    statuses=None,
+    batch: int = 500,
+    dry_run: bool = False,
+) -> int:
+    """Delete runs (and their steps) that ended more than ``older_than`` ago.
+
+    ``statuses`` defaults to completed, failed and stopped: a ``blocked`` run
+    waits for an operator and is pruned only when asked for by name. Never a
+    non-terminal run. Deletes in batches of ``batch`` runs, each its own
+    transaction on locked rows (so a run retried meanwhile is not deleted).
+    Returns how many runs were deleted (or would be, with ``dry_run``).
+    """
+    statuses = _prunable(statuses)
+    if batch < 1:
+        raise EverystepError(f"the batch size must be at least 1, got {batch}")
+    if older_than < dt.timedelta(0):
+        raise EverystepError("the age cutoff must not be negative")
+    old = Workflow.objects.filter(
+        status__in=statuses, completed_at__lt=timezone.now() - older_than
+    ).order_by()
+    if dry_run:
+        return old.count()
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            ids = list(old.select_for_update().values_list("id", flat=True)[:batch])
+            if not ids:
+                return deleted
+            Workflow.objects.filter(id__in=ids, status__in=statuses).only("id").delete()
+        deleted += len(ids)
+
+
+def _prunable(statuses) -> list[str]:
+    if statuses is None:
+        return [Status.COMPLETED, Status.FAILED, Status.STOPPED]
+    terminal = Status.terminal_values()
+    refused = [status for status in statuses if status not in terminal]
+    if refused:
+        raise EverystepError(
+            f"cannot prune runs in status {', '.join(map(str, refused))}: only terminal runs "
+            f"({', '.join(terminal)}) can be pruned"
+        )
+    if not statuses:
+        raise EverystepError("name at least one status to prune")
+    return list(statuses)

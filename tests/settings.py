@@ -25,7 +25,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 def database_from_url(url: str | None) -> dict:
     if not url:
         sqlite_dir = os.environ.get("EVERYSTEP_TEST_SQLITE_DIR", tempfile.gettempdir())
-        name = str(Path(sqlite_dir) / f"everystep-test-{os.getpid()}.sqlite3")
+        # A worker subprocess started by a test is given the test's file by name.
+        name = os.environ.get("EVERYSTEP_TEST_SQLITE_NAME") or str(
+            Path(sqlite_dir) / f"everystep-test-{os.getpid()}.sqlite3"
+        )
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": name,

@@ -1,4 +1,3 @@
-
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep import operations, serde

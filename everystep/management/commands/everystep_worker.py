@@ -1,0 +1,52 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from everystep.errors import EverystepError
+from everystep.worker import Worker, exit_now_if_abandoned
+
+
+class Command(BaseCommand):
+    help = (
+        "Claim scheduled runs and execute them. SIGTERM/SIGINT drains: runs leave at their "
+        "next step boundary and are requeued; a second signal stops waiting."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--pool", type=int, default=4, help="runs executed at once (default 4)")
+        parser.add_argument(
+            "--poll", type=float, default=0.2, help="seconds between claims when idle (default 0.2)"
+        )
+        parser.add_argument(
+            "--name",
+            default=None,
+            help="unique among live workers and stable across restarts (default: the hostname)",
+        )
+        parser.add_argument(
+            "--drain",
+            type=float,
+            default=30,
+            help="seconds to wait at shutdown before requeueing runs mid-step; 0 waits forever (default 30)",
+        )
+        parser.add_argument("--metrics-port", type=int, default=None, help="serve this worker's metrics")
+        parser.add_argument("--metrics-bind", default="0.0.0.0", help="address for --metrics-port")
+
+    def handle(self, *, pool, poll, name, drain, metrics_port, metrics_bind, **options):
+        if name is not None and not name.strip():
+            raise CommandError("--name must not be empty")
+        if metrics_port is not None and not 0 < metrics_port < 65536:
+            raise CommandError(f"--metrics-port must be a TCP port (1-65535), got {metrics_port}")
+        try:
+            worker = Worker(
+                pool_size=pool,
+                poll=poll,
+                name=name,
+                drain=drain,
+                metrics_port=metrics_port,
+                metrics_bind=metrics_bind,
+            )
+        except EverystepError as exc:
+            raise CommandError(str(exc))
+        try:
+            worker.run()
+        except EverystepError as exc:  # at start-up, e.g. the metrics port is taken
+            raise CommandError(str(exc))
+        exit_now_if_abandoned(worker)

@@ -1,0 +1,384 @@
+"""The claim loop: claims ``scheduled`` runs and executes them on a thread pool.
+
+Invariants (what a crash at any line leaves behind):
+- a claim is one short transaction; a crash after it leaves the claimed runs
+  ``running`` under this worker's name, and the next start under the same name
+  re-claims them first (the name must be unique among live workers and stable
+  across restarts);
+- the worker never holds more than ``pool_size`` runs and claims nothing while full;
+- at shutdown a run leaves at its next step boundary (requeued by the runner);
+  after ``drain`` seconds whatever is still running under this name is
+  requeued, so a clean shutdown leaves nothing claimed. A run's step still in
+  flight then writes nothing (its insert is fenced on the claim).
+
+On PostgreSQL a dedicated connection LISTENs for new runs (instant pickup) and
+for operator stops/requeues (the run leaves at its next step boundary without
+a query per step). Polling every ``poll`` seconds stays the fallback, and is
+the only path on MariaDB/MySQL and SQLite.
+"""
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
+
+from . import observability, operations, registry, runner, serde
+from .errors import DrainOrphan, EverystepError, Fenced
+from .models import Workflow
+from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
+
+logger = logging.getLogger("everystep")
+
+Status = Workflow.Status
+_CONNECTION_ERRORS = (OperationalError, InterfaceError)
+_MAX_BACKOFF = 5.0
+
+
+class _Waker:
+    """Wakes the claim loop. ``wake()`` is a socket write, safe from a signal
+    handler (a ``threading.Event`` takes a lock the interrupted thread may hold)."""
+
+    def __init__(self):
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # the buffer is full (already awake) or closed
+            self._write.send(b"\0")
+
+    def wait(self, timeout: float) -> None:
+        ready, _, _ = select.select([self._read], [], [], timeout)
+        if ready:
+            with contextlib.suppress(OSError):  # drained: recv would block
+                while self._read.recv(4096):
+                    pass
+
+    def close(self) -> None:
+        self._read.close()
+        self._write.close()
+
+
+class _Slot:
+    """One run in flight. ``left`` is set by the control channel when an
+    operator stopped or requeued the run; the runner asks ``leave_check``
+    at every step boundary, so it must stay in memory."""
+
+    def __init__(self, worker: "Worker", run: Workflow):
+        self.worker = worker
+        self.run = run
+        self.left = False
+
+    def leave_check(self):
+        if self.left:
+            return Fenced(
+                f"run {self.run.id} was stopped or requeued while worker "
+                f"{self.worker.name!r} ran it; it starts no further step here"
+            )
+        if self.worker.draining:
+            return DrainOrphan(f"worker {self.worker.name!r} is shutting down; run {self.run.id} is requeued")
+        return None
+
+
+class Worker:
+    """Claims runs and executes them until :meth:`stop` (or SIGTERM/SIGINT).
+
+    ``drain``: seconds to wait at shutdown for runs to reach a step boundary
+    (0 waits forever). ``stop_when_idle``: return once nothing is scheduled and
+    nothing is in flight (tests, batch jobs). ``install_signals``: handle
+    SIGTERM/SIGINT, only when run on the main thread. ``listen``: use
+    LISTEN/NOTIFY on PostgreSQL.
+    """
+
+    def __init__(
+        self,
+        *,
+        pool_size: int = 4,
+        poll: float = 0.2,
+        name: str | None = None,
+        drain: float = 30,
+        install_signals: bool = True,
+        stop_when_idle: bool = False,
+        listen: bool = True,
+        metrics_port: int | None = None,
+        metrics_bind: str = "0.0.0.0",
+    ):
+        if pool_size < 1:
+            raise EverystepError(f"the pool size must be at least 1, got {pool_size}")
+        if poll <= 0:
+            raise EverystepError(f"the poll interval must be positive, got {poll}")
+        if drain < 0:
+            raise EverystepError(f"the drain timeout must not be negative, got {drain}")
+        name = name or socket.gethostname()
+        if len(name) > 255:
+            raise EverystepError(f"the worker name is {len(name)} characters; the limit is 255")
+        self.pool_size = pool_size
+        self.poll = poll
+        self.name = name
+        self.drain = drain
+        self.install_signals = install_signals
+        self.stop_when_idle = stop_when_idle
+        self.listen = listen
+        self.metrics_port = metrics_port
+        self.metrics_bind = metrics_bind
+        self.draining = False  # read by every leave_check: a plain bool, no lock
+        self.abandoned = 0  # runs still executing a step when the drain timed out
+        self._stopping = False
+        self._forced = False
+        self._waker: _Waker | None = None  # made by run()
+        self._lock = threading.Lock()
+        self._inflight: dict[uuid.UUID, _Slot] = {}
+        self._listener: threading.Thread | None = None
+        self._listener_stop = threading.Event()
+        self._metrics_server = None
+
+    # ------------------------------------------------------------ public
+
+    def run(self) -> None:
+        """Claim and execute runs until stopped, then drain and return."""
+        registry.autodiscover()
+        self._start_metrics()
+        self._waker = _Waker()
+        previous = self._install_signal_handlers()
+        if self.listen and connection.vendor == "postgresql":
+            self._listener = threading.Thread(
+                target=self._listen,
+                args=(connection.get_connection_params(),),
+                name="everystep-listener",
+                daemon=True,
+            )
+            self._listener.start()
+        executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="everystep-run")
+        logger.info("worker %r started (pool %d, poll %ss)", self.name, self.pool_size, self.poll)
+        try:
+            self._loop(executor)
+        finally:
+            self._shutdown(executor)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def stop(self) -> None:
+        """Stop claiming and drain. A second call (or signal) cuts the drain short."""
+        if self._stopping:
+            self._forced = True
+        self._stopping = True
+        if self._waker is not None:
+            self._waker.wake()
+
+    # ------------------------------------------------------------ the loop
+
+    def _loop(self, executor: ThreadPoolExecutor) -> None:
+        recovered = False
+        backoff = self.poll
+        while not self._stopping:
+            free = self.pool_size - len(self._inflight)
+            claimed = []
+            if free > 0:
+                try:
+                    if not recovered:
+                        claimed = operations.reclaim_own(self.name, free)
+                        if claimed:
+                            logger.warning(
+                                "worker %r: resuming %d run(s) left running under its name",
+                                self.name,
+                                len(claimed),
+                            )
+                        recovered = True
+                    with self._lock:
+                        in_flight = list(self._inflight)
+                    fresh = operations.claim_runs(self.name, free - len(claimed), exclude=in_flight)
+                    observability.claimed(self.name, len(fresh))
+                    claimed += fresh
+                    backoff = self.poll
+                except DatabaseError as exc:
+                    logger.warning("worker %r: cannot claim (%s); retrying in %.1fs", self.name, exc, backoff)
+                    _close_quietly()
+                    self._waker.wait(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                for run in claimed:
+                    self._submit(executor, run)
+            if self.stop_when_idle and not claimed and not self._inflight:
+                return
+            # Either full or the queue is empty for now: sleep until a free
+            # slot, a NOTIFY, stop() or the poll interval.
+            self._waker.wait(self.poll)
+
+    def _submit(self, executor: ThreadPoolExecutor, run: Workflow) -> None:
+        slot = _Slot(self, run)
+        with self._lock:
+            self._inflight[run.id] = slot
+        observability.in_flight(self.name, 1)
+        executor.submit(self._execute, slot)
+
+    def _execute(self, slot: _Slot) -> None:
+        run = slot.run
+        try:
+            status = runner.execute(run, self.name, leave_check=slot.leave_check)
+            if status is None:
+                self._after_leaving(slot)
+        except _CONNECTION_ERRORS as exc:
+            # The database went away outside the body: the run is fine, put it back.
+            logger.warning("run %s: database unavailable (%s); requeueing it", run.id, exc)
+            _close_quietly()
+            if self._quietly(runner.operations_retrying, operations.release_run, run.id, self.name):
+                observability.requeued(self.name, 1)
+        except Exception as exc:
+            logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
+            self._quietly(
+                runner.operations_retrying,
+                operations.finish_run,
+                run.id,
+                self.name,
+                Status.FAILED,
+                error=serde.encode_exception(exc),
+            )
+        finally:
+            with self._lock:
+                self._inflight.pop(run.id, None)
+            observability.in_flight(self.name, -1)
+            connections.close_all()  # this thread's connections only
+            self._waker.wake()  # a slot is free
+
+    def _after_leaving(self, slot: _Slot) -> None:
+        """The run left without its end written: hand it back if a stale control
+        notice made it leave, else say if it was deleted."""
+        run = slot.run
+        if slot.left:
+            # The control NOTIFY may be about an earlier claim of the same run:
+            # if the run is still ours, hand it back rather than park it.
+            if operations.release_run(run.id, self.name):
+                logger.info("run %s: control notice was stale; requeued it", run.id)
+        elif not Workflow.objects.filter(id=run.id).exists():
+            logger.warning("run %s was deleted while worker %r ran it; moving on", run.id, self.name)
+
+    def _quietly(self, func, *args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception:
+            logger.exception("worker %r: could not record the end of a run; it stays claimed", self.name)
+
+    # ------------------------------------------------------------ shutdown
+
+    def _shutdown(self, executor: ThreadPoolExecutor) -> None:
+        self._stopping = True
+        self.draining = True  # every in-flight run leaves at its next step boundary
+        if self._inflight:
+            logger.info("worker %r: draining %d run(s)", self.name, len(self._inflight))
+        deadline = time.monotonic() + self.drain if self.drain else None
+        while self._inflight and not self._forced:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self._waker.wait(0.5)  # woken as each run ends
+        # Whatever is still claimed under this name (runs mid-step when the drain
+        # timed out, or whose end could not be written) goes back to the queue.
+        leftovers = []
+        try:
+            leftovers = runner.operations_retrying(operations.requeue_claimer, self.name)
+        except Exception:
+            logger.exception("worker %r: could not requeue its runs at shutdown", self.name)
+        with self._lock:
+            self.abandoned = len(self._inflight)
+        observability.requeued(self.name, len(leftovers))
+        if leftovers:
+            logger.warning(
+                "worker %r: requeued %d run(s) still claimed at shutdown (%d mid-step): %s",
+                self.name,
+                len(leftovers),
+                self.abandoned,
+                ", ".join(map(str, leftovers)),
+            )
+        executor.shutdown(wait=not self.abandoned, cancel_futures=True)
+        self._listener_stop.set()
+        if self._listener is not None:
+            self._listener.join(timeout=2)
+        self._waker.close()
+        _close_quietly()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        logger.info("worker %r stopped", self.name)
+
+    def _install_signal_handlers(self) -> dict:
+        # Python delivers signals to the main thread only; an embedded worker
+        # (run in a thread) is stopped by calling stop().
+        if not self.install_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on_signal(self, signum, frame) -> None:
+        # No logging here: the handler may interrupt the logging module holding its lock.
+        self.stop()
+
+    def _start_metrics(self) -> None:
+        """Serve this worker's metrics (``--metrics-port``); record its pool size."""
+        if self.metrics_port is not None:
+            try:
+                server, _ = observability.serve_worker_metrics(self.metrics_port, self.metrics_bind)
+            except OSError as exc:
+                raise EverystepError(
+                    f"cannot serve metrics on {self.metrics_bind}:{self.metrics_port}: {exc}"
+                ) from None
+            self._metrics_server = server
+        observability.worker_started(self.name, self.pool_size)
+
+    # ------------------------------------------------------------ LISTEN/NOTIFY (PostgreSQL)
+
+    def _listen(self, params: dict) -> None:
+        import psycopg
+
+        backoff = self.poll
+        while not self._listener_stop.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+                    backoff = self.poll
+                    self._waker.wake()  # anything scheduled while we were not listening
+                    while not self._listener_stop.is_set():
+                        for notice in conn.notifies(timeout=min(self.poll, 1.0)):
+                            self._on_notice(notice.channel, notice.payload)
+            except Exception as exc:  # psycopg.Error mostly; the listener must not die
+                if self._listener_stop.is_set():
+                    return
+                logger.warning(
+                    "worker %r: LISTEN connection lost (%s); polling until it is back", self.name, exc
+                )
+                self._listener_stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _on_notice(self, channel: str, payload: str) -> None:
+        if channel == CONTROL_CHANNEL:
+            try:
+                run_id = uuid.UUID(payload)
+            except ValueError:
+                return
+            slot = self._inflight.get(run_id)
+            if slot is not None:
+                slot.left = True
+        else:
+            self._waker.wake()
+
+
+def _close_quietly() -> None:
+    """Drop this thread's connection (e.g. broken by a database restart); the
+    next query reconnects."""
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+
+
+def exit_now_if_abandoned(worker: Worker) -> None:
+    """After a timed-out drain, a step may still be running on a pool thread;
+    the interpreter would wait for it at exit, so leave without waiting (its
+    run is requeued already and its write will be fenced out)."""
+    if worker.abandoned:
+        logging.shutdown()
+        os._exit(0)

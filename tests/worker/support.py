@@ -1,0 +1,81 @@
+"""Helpers for the worker tests: waiting, and worker subprocesses."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate, timeout: float = 20, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def vendor() -> str:
+    return connection.vendor
+
+
+def database_env() -> dict:
+    """Environment naming the *test* database, for a worker subprocess."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return {"EVERYSTEP_TEST_SQLITE_NAME": str(settings["NAME"])}
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    user = quote(settings["USER"] or "")
+    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
+    host = settings["HOST"] or "127.0.0.1"
+    port = f":{settings['PORT']}" if settings["PORT"] else ""
+    return {"EVERYSTEP_TEST_DATABASE_URL": f"{scheme}://{user}{password}@{host}{port}/{settings['NAME']}"}
+
+
+class WorkerProcess:
+    """``python -m django everystep_worker`` in a subprocess, its output in a file."""
+
+    def __init__(self, name: str, args: list, output: Path):
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+        env.pop("EVERYSTEP_TEST_DATABASE_URL", None)
+        env.update(database_env())
+        self.name = name
+        self.output = output
+        self._file = open(output, "ab")  # noqa: SIM115  (closed in wait())
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "everystep_worker", "--name", name, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+        )
+
+    def signal(self, signum) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            if self.process.returncode is not None:
+                self._file.close()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def stop_and_join(worker, timeout: float = 30) -> None:
+    worker.stop()
+    worker.thread.join(timeout)
+    assert not worker.thread.is_alive(), f"worker {worker.name} did not stop"

@@ -1,0 +1,68 @@
+"""The claim query: disjoint under concurrency on every backend, served by the
+partial index on PostgreSQL, and a pinned number of queries."""
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connection, connections, transaction
+
+from everystep import operations
+from everystep.models import Workflow
+
+CHAIN = "tests.worker.workflows.chain"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_take_disjoint_sets():
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(120))
+    claimed: list = []
+    errors: list = []
+    start = threading.Barrier(6)
+
+    def claimer(name):
+        try:
+            start.wait()
+            while batch := operations.claim_runs(name, 5):
+                claimed.extend((run.id, name) for run in batch)
+        except Exception as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    ids = Counter(run_id for run_id, _ in claimed)
+    assert len(ids) == 120 and set(ids.values()) == {1}  # every run claimed, none twice
+    by_worker = dict(Workflow.objects.values_list("id", "claimed_by"))
+    assert all(by_worker[run_id] == name for run_id, name in claimed)
+    assert not Workflow.objects.filter(status="scheduled").exists()
+
+
+@pytest.mark.django_db
+def test_the_claim_query_uses_the_partial_index_on_postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("the partial index is PostgreSQL's (MySQL gets a (status, created_at) index)")
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(50))
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = operations.claim_queryset("default", 4).explain()
+    assert "everystep_workflow_claim_idx" in plan
+    assert "LockRows" in plan
+
+
+@pytest.mark.django_db(transaction=True)  # a real transaction, as in the worker: no savepoints
+def test_claim_query_count(django_assert_num_queries):
+    # Django logs BEGIN and COMMIT as queries.
+    with django_assert_num_queries(3):  # an empty queue: BEGIN, the claim, COMMIT
+        assert operations.claim_runs("w1", 4) == []
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(3))
+    # SQLite: one UPDATE ... RETURNING; elsewhere the locking SELECT, then the UPDATE.
+    with django_assert_num_queries(3 if connection.vendor == "sqlite" else 4):
+        assert len(operations.claim_runs("w1", 4)) == 3

@@ -1,0 +1,239 @@
+"""The Worker class run in-process on a thread (an embedded worker)."""
+
+import logging
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from everystep import operations, runner
+from everystep.api import schedule
+from everystep.errors import EverystepError
+from everystep.models import Step, Workflow
+from everystep.worker import Worker
+from tests.worker import workflows as w
+from tests.worker.support import stop_and_join, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+S = Workflow.Status
+
+
+def status_of(run) -> str:
+    return Workflow.objects.values_list("status", flat=True).get(id=run.id)
+
+
+def events(log, event=None, index=None) -> list:
+    return [
+        line
+        for line in w.read_log(log)
+        if (event is None or line[0] == event) and (index is None or line[2] == str(index))
+    ]
+
+
+def test_runs_scheduled_work_to_completion_and_returns_when_idle(tmp_path):
+    log = str(tmp_path / "log")
+    runs = [schedule(w.chain, log, 2) for _ in range(5)]
+    Worker(pool_size=3, poll=0.05, name="w1", stop_when_idle=True).run()
+    for run in runs:
+        row = Workflow.objects.get(id=run.id)
+        assert (row.status, row.result, row.claimed_by) == (S.COMPLETED, [1, 2], "w1")
+    assert len(events(log, "end")) == 10
+
+
+def test_never_holds_more_than_the_pool(start_worker):
+    for _ in range(8):
+        schedule(w.busy, 0.1)
+    Worker(pool_size=3, poll=0.05, name="w1", stop_when_idle=True).run()
+    assert Workflow.objects.filter(status=S.COMPLETED).count() == 8
+    assert w.occupancy["max"] == 3
+
+
+def test_resumes_its_own_parked_runs_first(tmp_path):
+    log = str(tmp_path / "log")
+    mine = schedule(w.chain, log, 2)
+    Workflow.objects.filter(id=mine.id).update(status=S.RUNNING, claimed_by="w1")
+    Step.objects.create(
+        workflow_id=mine.id, step_id="1", name="tests.worker.workflows.mark", status="done", result=1
+    )
+    theirs = schedule(w.chain, log, 1)
+    Workflow.objects.filter(id=theirs.id).update(status=S.RUNNING, claimed_by="w2")
+
+    Worker(pool_size=2, poll=0.05, name="w1", stop_when_idle=True).run()
+
+    assert Workflow.objects.get(id=mine.id).result == [1, 2]
+    assert [line[2] for line in events(log, "start")] == ["2"]  # step 1 was served from the store
+    assert status_of(theirs) == S.RUNNING  # another worker's run is not touched
+
+
+def test_an_unknown_workflow_fails_the_run_and_the_worker_goes_on(tmp_path):
+    unknown = Workflow.objects.create(name="tests.worker.workflows.renamed_away", args=[])
+    known = schedule(w.chain, str(tmp_path / "log"), 1)
+    Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    row = Workflow.objects.get(id=unknown.id)
+    assert row.status == S.FAILED
+    assert "no @workflow is registered as 'tests.worker.workflows.renamed_away'" in row.error["message"]
+    assert status_of(known) == S.COMPLETED
+
+
+def test_a_run_deleted_meanwhile_is_logged_and_skipped(tmp_path, caplog):
+    gone = schedule(w.self_deleting)
+    known = schedule(w.chain, str(tmp_path / "log"), 1)
+    with caplog.at_level(logging.WARNING, logger="everystep"):
+        Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    assert not Workflow.objects.filter(id=gone.id).exists()
+    assert f"run {gone.id} was deleted while worker 'w1' ran it" in caplog.text
+    assert status_of(known) == S.COMPLETED
+
+
+def test_an_engine_error_outside_the_body_fails_the_run_and_the_worker_survives(
+    tmp_path, monkeypatch, caplog
+):
+    broken = schedule(w.chain, str(tmp_path / "log"), 1)
+    healthy = schedule(w.chain, str(tmp_path / "log"), 1)
+    real_execute = runner.execute
+
+    def execute(run, claimer, **kwargs):
+        if run.id == broken.id:
+            raise RuntimeError("engine bug")
+        return real_execute(run, claimer, **kwargs)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    with caplog.at_level(logging.ERROR, logger="everystep"):
+        Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    row = Workflow.objects.get(id=broken.id)
+    assert row.status == S.FAILED and row.error["message"] == "engine bug"
+    assert f"run {broken.id}: engine error outside the workflow body" in caplog.text
+    assert status_of(healthy) == S.COMPLETED
+
+
+def test_stop_drains_at_the_next_step_boundary(tmp_path, start_worker):
+    log = str(tmp_path / "log")
+    run = schedule(w.chain, log, 3, 0.3)
+    worker = start_worker(name="w1")
+    wait_for(lambda: events(log, "start", 1), what="step 1 to start")
+    stop_and_join(worker)
+    row = Workflow.objects.get(id=run.id)
+    assert (row.status, row.claimed_by) == (S.SCHEDULED, None)  # requeued for any worker
+    assert list(row.steps.values_list("step_id", "status")) == [("1", "done")]  # the step in flight finished
+    assert not events(log, "start", 2)
+
+
+def test_a_drain_timeout_requeues_the_run_and_fences_the_step_in_flight(tmp_path, start_worker):
+    log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
+    run = schedule(w.held, log, gate)
+    worker = start_worker(name="w1", drain=0.3)
+    wait_for(lambda: events(log, "start", 1), what="step 1 to start")
+    started = time.monotonic()
+    stop_and_join(worker)
+    assert time.monotonic() - started < 10
+    assert worker.abandoned == 1
+    row = Workflow.objects.get(id=run.id)
+    assert (row.status, row.claimed_by) == (S.SCHEDULED, None)
+    (tmp_path / "gate").touch()  # the abandoned step finishes now...
+    wait_for(lambda: events(log, "end", 1), what="the abandoned step to end")
+    time.sleep(0.3)
+    assert not Step.objects.filter(workflow_id=run.id).exists()  # ...and writes nothing
+    assert status_of(run) == S.SCHEDULED
+
+
+def test_an_operator_stop_is_observed_at_the_next_step_boundary(tmp_path, start_worker):
+    """On PostgreSQL the NOTIFY keeps step 2 from starting at all; elsewhere step 2
+    may run once more but its write is fenced out. Either way nothing is recorded
+    after the stop and the run stays stopped."""
+    log, gate = str(tmp_path / "log"), tmp_path / "gate"
+    run = schedule(w.gapped, log, str(gate))
+    worker = start_worker(name="w1")
+    wait_for(lambda: Step.objects.filter(workflow_id=run.id).exists(), what="step 1 to be recorded")
+    operations.stop_run(run.id, actor="alice", expected_status=S.RUNNING)
+    if connection.vendor == "postgresql":
+        wait_for(lambda: all(slot.left for slot in worker._inflight.values()), what="the control NOTIFY")
+    gate.touch()
+    wait_for(lambda: not worker._inflight, what="the run to leave the worker")
+    row = Workflow.objects.get(id=run.id)
+    assert row.status == S.STOPPED and "alice" in row.error["message"]
+    assert list(row.steps.values_list("step_id", flat=True)) == ["1"]
+    if connection.vendor == "postgresql":
+        assert not events(log, "start", 2)
+    stop_and_join(worker)
+    assert status_of(run) == S.STOPPED
+
+
+def test_a_stale_worker_is_fenced_out_after_a_requeue(tmp_path, start_worker):
+    log, gate = str(tmp_path / "log"), tmp_path / "gate"
+    run = schedule(w.held, log, str(gate))
+    stale = start_worker(name="stale", pool_size=1)
+    wait_for(lambda: events(log, "start", 1), what="the stale worker's step 1")
+    operations.requeue_run(run.id)  # as an operator would for a worker believed dead
+    fresh = start_worker(name="fresh", pool_size=1)
+    wait_for(lambda: [line for line in events(log, "start", 1) if line[3] == "fresh"], what="fresh step 1")
+    gate.touch()  # both executions of step 1 finish now
+    wait_for(lambda: status_of(run) == S.COMPLETED, what="the run to complete")
+    row = Workflow.objects.get(id=run.id)
+    assert (row.claimed_by, row.result) == ("fresh", "fresh")  # step 1 recorded from the fresh worker
+    assert list(row.steps.values_list("step_id", flat=True)) == ["1", "2"]
+    assert [line[3] for line in events(log, "start", 2)] == ["fresh"]  # the stale one went no further
+    stop_and_join(stale)
+    stop_and_join(fresh)
+
+
+def test_listen_notify_picks_up_a_run_well_before_the_poll_interval(tmp_path, start_worker):
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other backends poll")
+    log = str(tmp_path / "log")
+    worker = start_worker(name="w1", poll=5)
+    wait_for(lambda: worker._listener is not None and worker._listener.is_alive(), what="the listener")
+    time.sleep(1)  # the worker has made its first (empty) claim and sleeps for 5s
+    with transaction.atomic():
+        run = schedule(w.chain, log, 1)
+        scheduled_at = time.monotonic()
+    wait_for(lambda: events(log, "start"), timeout=2, interval=0.01, what="pickup within 2s")
+    assert time.monotonic() - scheduled_at < 2
+    wait_for(lambda: status_of(run) == S.COMPLETED, what="completion")
+
+
+def test_embedded_worker_installs_no_signal_handlers_and_stops(start_worker):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    worker = start_worker(name="w1")
+    time.sleep(0.2)
+    assert signal.getsignal(signal.SIGTERM) is before
+    stop_and_join(worker)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"pool_size": 0}, "pool size"),
+        ({"poll": 0}, "poll interval"),
+        ({"drain": -1}, "drain timeout"),
+        ({"name": "x" * 256}, "limit is 255"),
+    ],
+)
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(EverystepError, match=message):
+        Worker(**options)
+
+
+def test_default_name_is_the_hostname():
+    import socket
+
+    assert Worker().name == socket.gethostname()
+
+
+def test_metrics_port_serves_the_workers_metrics(tmp_path, start_worker):
+    pytest.importorskip("prometheus_client")
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    schedule(w.chain, str(tmp_path / "log"), 1)
+    worker = start_worker(name="metered", pool_size=3, metrics_port=port, metrics_bind="127.0.0.1")
+    wait_for(lambda: not Workflow.objects.exclude(status=S.COMPLETED).exists(), what="the run to complete")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'everystep_worker_pool_size{runner="metered"} 3.0' in body
+    assert 'everystep_runs_claimed_total{runner="metered"} 1.0' in body
+    stop_and_join(worker)
