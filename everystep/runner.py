@@ -282,11 +282,9 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
         run_id,
         state.claimer,
     ]
-    if conn.vendor == "postgresql":
-        conn.ensure_connection()
-        # Django's cursors bind on the client and so re-parse the statement on
-        # every call; a server-side cursor lets PostgreSQL prepare it once.
-        with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
+    if conn.vendor == "postgresql" and _prepared_statements():
+        with conn.wrap_database_errors:
+            cursor = _prepared_cursor(conn)
             cursor.execute(_INSERT_SQL, params, prepare=True)
             recorded = cursor.rowcount
     else:
@@ -300,6 +298,33 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
                 f"{state.claimer!r}; step {row.step_id} was not recorded"
             )
         )
+
+
+def _prepared_cursor(conn) -> psycopg.Cursor:
+    """A server-side-binding cursor kept on the Django connection.
+
+    Django's cursors bind on the client, so the server would parse and plan the
+    step insert on every step; prepared, it is planned once per connection.
+    """
+    conn.ensure_connection()
+    pg = conn.connection
+    cursor = getattr(conn, "_everystep_cursor", None)
+    if cursor is None or cursor.connection is not pg or cursor.closed:
+        if pg.prepare_threshold is None:
+            # Django connects with preparing off (None), which also ignores
+            # prepare=True. A threshold never reached keeps Django's own
+            # statements unprepared and honours ours.
+            pg.prepare_threshold = 2**31
+        cursor = conn._everystep_cursor = psycopg.Cursor(pg)
+    return cursor
+
+
+def _prepared_statements() -> bool:
+    """``EVERYSTEP_PREPARED_STATEMENTS = False`` for a pooler that cannot keep
+    prepared statements (PgBouncer in transaction mode before 1.21)."""
+    from django.conf import settings
+
+    return getattr(settings, "EVERYSTEP_PREPARED_STATEMENTS", True)
 
 
 def _claim_effect(row: _StepRow) -> None:
