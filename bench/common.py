@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def setup(fresh: bool = True) -> None:
     """Create (or empty) the benchmark database, migrate it, and load Django."""
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     import django
     import psycopg
     from django.conf import settings

@@ -1,0 +1,238 @@
+"""Chaos soak: worker processes on PostgreSQL execute runs while a controller
+SIGKILLs and SIGTERMs them (restarting each under the same name) and restarts
+PostgreSQL once. Then it checks the durability promise and prints figures:
+
+- every run is terminal (none lost, none stuck);
+- every recorded step is recorded exactly once and its effect happened;
+- safe steps ran again only around crashes (bounded by the crashes);
+- no unsafe-to-repeat effect ran twice (such runs end blocked instead);
+- no two workers ran the same run at the same time.
+
+Exits non-zero on any violation. Usage:
+    python bench/chaos.py                 # the long soak (README figures)
+    python bench/chaos.py --short         # about a minute (the test suite runs this)
+"""
+
+import argparse
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault(
+    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_chaos"
+)
+
+from bench.common import setup, table  # noqa: E402
+
+
+class Fleet:
+    """Worker processes by name; a restarted worker keeps its name."""
+
+    def __init__(self, count: int, pool: int, logdir: Path):
+        self.pool = pool
+        self.logdir = logdir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kill_times: dict[int, float] = {}  # pid -> when it was SIGKILLed
+        for i in range(count):
+            self.start(f"chaos-{i}")
+
+    def start(self, name: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings"}
+        log = open(self.logdir / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "django", "everystep_worker", "--name", name,
+             "--pool", str(self.pool), "--poll", "0.2", "--drain", "10"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        self.kill_times[proc.pid] = time.time()
+        proc.wait()
+        self.start(name)
+
+    def term(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            self.kill_times[proc.pid] = time.time()
+            proc.wait()
+        self.start(name)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def restart_postgres() -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+                   check=True, capture_output=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--short", action="store_true", help="the bounded version for the test suite")
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--runs", type=int)
+    parser.add_argument("--chaos-seconds", type=float)
+    parser.add_argument("--pool", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    workers = args.workers or (2 if args.short else 4)
+    runs = args.runs or (60 if args.short else 600)
+    chaos_seconds = args.chaos_seconds or (25 if args.short else 240)
+    rng = random.Random(args.seed)
+
+    setup(fresh=True)
+    from django.db import connection
+
+    from bench import chaos_workflows
+    from everystep import schedule
+    from everystep.models import Step, Workflow
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE chaos_effect (id bigserial PRIMARY KEY, run_id uuid NOT NULL, "
+            "step_id text NOT NULL, unsafe boolean NOT NULL, pid integer NOT NULL, "
+            "worker text NOT NULL, started double precision NOT NULL, ended double precision)"
+        )
+    for i in range(runs):
+        schedule(chaos_workflows.mixed, chaos_workflows.KINDS[i % len(chaos_workflows.KINDS)])
+    connection.close()
+
+    logdir = ROOT / "bench" / "chaos-logs"
+    logdir.mkdir(exist_ok=True)
+    for old in logdir.glob("chaos-*.log"):
+        old.unlink()
+    fleet = Fleet(workers, args.pool, logdir)
+    kills = terms = pg_restarts = 0
+    started = time.time()
+    pg_restart_at = started + chaos_seconds / 2
+    print(f"chaos: {workers} workers x pool {args.pool}, {runs} runs, {chaos_seconds:.0f} s of chaos")
+    try:
+        while time.time() - started < chaos_seconds:
+            time.sleep(rng.uniform(0.5, 2.5))
+            name = rng.choice(sorted(fleet.procs))
+            if rng.random() < 0.5:
+                fleet.kill(name)
+                kills += 1
+            else:
+                fleet.term(name)
+                terms += 1
+            if not pg_restarts and time.time() >= pg_restart_at:
+                restart_postgres()
+                pg_restarts += 1
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            connection.close()
+            try:
+                left = Workflow.objects.filter(status__in=["scheduled", "running"]).count()
+            except Exception:  # the database may still be coming back
+                left = -1
+            if left == 0:
+                break
+            time.sleep(1)
+    finally:
+        fleet.stop_all()
+    connection.close()
+    elapsed = time.time() - started
+
+    statuses = Counter(Workflow.objects.values_list("status", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_id, step_id, unsafe, pid, started, ended FROM chaos_effect")
+        effects = cursor.fetchall()
+    per_step = Counter((run_id, step_id) for run_id, step_id, *_ in effects)
+    unsafe_steps = {(run_id, step_id) for run_id, step_id, unsafe, *_ in effects if unsafe}
+    recorded = list(Step.objects.values_list("workflow_id", "step_id", "status"))
+    requeues = sum(_requeues_logged(path.read_text()) for path in logdir.glob("chaos-*.log"))
+
+    violations = []
+    stuck = statuses["scheduled"] + statuses["running"]
+    if stuck:
+        violations.append(f"{stuck} runs are not terminal")
+    if statuses.total() != runs:
+        violations.append(f"{runs - statuses.total()} runs are missing")
+    keys = [(run_id, step_id) for run_id, step_id, _ in recorded]
+    if len(keys) != len(set(keys)):
+        violations.append("a step was recorded twice")
+    unrecorded_effects = [k for k, status in zip(keys, (s for *_, s in recorded), strict=True)
+                          if status == "done" and per_step[k] == 0]
+    if unrecorded_effects:
+        violations.append(f"{len(unrecorded_effects)} steps recorded done without their effect")
+    duplicate_unsafe = [k for k in unsafe_steps if per_step[k] > 1]
+    if duplicate_unsafe:
+        violations.append(f"{len(duplicate_unsafe)} unsafe-to-repeat effects ran twice")
+    safe_duplicates = sum(n - 1 for k, n in per_step.items() if n > 1 and k not in unsafe_steps)
+    crash_bound = (kills + terms + pg_restarts * workers) * args.pool * 2
+    if safe_duplicates > crash_bound:
+        violations.append(f"{safe_duplicates} repeated safe effects for {kills} kills "
+                          f"(bound {crash_bound})")
+    overlaps = _overlapping_runs(effects, fleet.kill_times)
+    if overlaps:
+        violations.append(f"{len(overlaps)} runs were run by two processes at the same time")
+
+    print(table(
+        [[runs, len(recorded), len(effects), kills, terms, pg_restarts, requeues,
+          statuses["blocked"], safe_duplicates, len(duplicate_unsafe), f"{elapsed:.0f} s"]],
+        ["runs", "steps", "effects", "SIGKILL", "SIGTERM", "pg restarts", "requeues",
+         "blocked", "repeated safe", "repeated unsafe", "time"],
+    ))
+    print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    if violations:
+        print("VIOLATIONS:\n- " + "\n- ".join(violations))
+        return 1
+    print("no violations")
+    return 0
+
+
+def _requeues_logged(log: str) -> int:
+    """Runs the workers said they handed back (drains, database outage)."""
+    count = 0
+    for line in log.splitlines():
+        found = re.search(r"requeued (\d+) run", line)
+        if found:
+            count += int(found.group(1))
+        elif "requeueing" in line:
+            count += 1
+    return count
+
+
+def _overlapping_runs(effects, kill_times) -> list:
+    """Runs whose effects from two different processes overlap in time."""
+    spans = defaultdict(list)
+    for run_id, _step, _unsafe, pid, started, ended in effects:
+        spans[run_id].append((started, ended or kill_times.get(pid, started), pid))
+    bad = []
+    for run_id, items in spans.items():
+        items.sort()
+        latest_end, latest_pid = None, None
+        for start, end, pid in items:
+            if latest_end is not None and pid != latest_pid and start < latest_end:
+                bad.append(run_id)
+                break
+            if latest_end is None or end > latest_end:
+                latest_end, latest_pid = end, pid
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main())
