@@ -130,7 +130,10 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | bytes) -> Any:
-    return decode(json.loads(text))
+    try:
+        return decode(json.loads(text))
+    except RecursionError:
+        raise EverystepError("the JSON is nested too deeply") from None
 
 
 def import_string(dotted: str) -> Any:
@@ -178,6 +181,8 @@ def decode_exception(payload: dict) -> BaseException:
     message = str(payload.get("message", ""))
     args = payload.get("args", [message])
     try:
+        if not isinstance(args, list):
+            raise TypeError("stored exception args must be a list")
         cls = import_string(type_name)
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise TypeError(type_name)

@@ -43,7 +43,7 @@ class ArgumentJSONField(forms.CharField):
             return None
         try:
             parsed = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise forms.ValidationError(
                 self.error_messages["invalid_json"],
                 code="invalid_json",

@@ -107,3 +107,8 @@ def test_deeply_nested_values_are_refused_clearly():
         value = [value]
     with pytest.raises(EverystepError, match="nested too deeply"):
         serde.encode(value)
+
+
+def test_loads_refuses_absurd_nesting_clearly():
+    with pytest.raises(EverystepError, match="nested too deeply"):
+        serde.loads("[" * 100_000 + "]" * 100_000)
