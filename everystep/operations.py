@@ -97,6 +97,7 @@ def resolve_step(
         Workflow.objects.filter(id=run_id, status=Status.BLOCKED).update(
             status=Status.SCHEDULED, error=None, claimed_by=None, completed_at=None
         )
+        notify_scheduled(_using())  # an idle worker picks the run up at once
     run.refresh_from_db()
     return run
 
@@ -189,16 +190,28 @@ def _is_unsafe(step_name: str) -> bool:
     return spec is not None and spec.unsafe_to_repeat
 
 
-def requeue_run(run_id, *, expected_status: str | None = Status.RUNNING) -> Workflow:
+def requeue_run(
+    run_id, *, expected_status: str | None = Status.RUNNING, expected_claimer: str | None = None
+) -> Workflow:
     """``running`` -> ``scheduled`` with no claimer: for a run parked by a crashed
-    worker. A live claimer is fenced out (it writes nothing more for this claim)."""
+    worker. A live claimer is fenced out (it writes nothing more for this claim).
+    ``expected_claimer``: only while that worker holds the run (the one the
+    operator believes dead), not a worker that claimed it since."""
     run_id = parse_run_id(run_id)
     _allowed_from(run_id, expected_status, REQUEUEABLE, "requeued")
     with transaction.atomic():
-        updated = Workflow.objects.filter(id=run_id, status=Status.RUNNING).update(
-            status=Status.SCHEDULED, claimed_by=None
-        )
+        running = Workflow.objects.filter(id=run_id, status=Status.RUNNING)
+        if expected_claimer is not None:
+            running = running.filter(claimed_by=expected_claimer)
+        updated = running.update(status=Status.SCHEDULED, claimed_by=None)
         if not updated:
+            still_running = Workflow.objects.filter(id=run_id, status=Status.RUNNING)
+            claimer = still_running.values_list("claimed_by", flat=True).first()
+            if expected_claimer is not None and claimer is not None:
+                raise EverystepError(
+                    f"run {run_id} moved on: it is running under {claimer} now, not "
+                    f"{expected_claimer}; nothing was changed"
+                )
             raise _refusal(run_id, expected_status, REQUEUEABLE, "requeued")
         notify_control(_using(), run_id)
         notify_scheduled(_using())
