@@ -2,9 +2,11 @@
 
 Engine state never changes through an admin form: every field is read-only and
 nobody has add/change/delete permission here. Operator actions (retry, stop,
-resolve, requeue) go through ``everystep.operations`` and are added separately.
+resolve, requeue) go through ``everystep.operations`` (see ``actions``), each
+behind its own permission (``Workflow.Meta.permissions``).
 """
 
+import functools
 import uuid
 
 from django.contrib import admin
@@ -18,7 +20,8 @@ from django.utils.html import format_html
 
 from everystep.models import Step, Workflow
 
-from . import display, views
+from . import display, overview, views
+from .actions import ACTIONS, available, retry_selected, run_action, stop_selected
 from .filters import RunFilterSetListFilter
 from .paginators import EstimatedCountPaginator
 
@@ -47,6 +50,15 @@ class WorkflowAdmin(ReadOnlyAdmin):
     run_live_template = "everystep_ui/includes/run_live.html"
     step_template = "everystep_ui/step_detail.html"
     step_payloads_template = "everystep_ui/includes/step_payloads.html"
+    action_template = "everystep_ui/run_action.html"
+    action_form_template = "everystep_ui/includes/run_action.html"
+    bulk_action_template = "everystep_ui/admin/bulk_action_confirmation.html"
+    overview_template = "everystep_ui/overview.html"
+    overview_live_template = "everystep_ui/includes/overview_live.html"
+    change_list_template = "everystep_ui/admin/change_list.html"
+
+    actions = [retry_selected, stop_selected]
+    bulk_action_limit = 200  # runs per bulk action: each is previewed, changed and logged one by one
 
     list_display = [
         "short_id",
@@ -99,7 +111,34 @@ class WorkflowAdmin(ReadOnlyAdmin):
             matches |= Q(pk__range=id_range)
         return queryset.filter(matches), False
 
+    # Permissions of the operator actions (superusers have them all)
+
+    def has_retry_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.retry_workflow")
+
+    def has_stop_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.stop_workflow")
+
+    def has_resolve_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.resolve_workflow")
+
+    def has_requeue_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.requeue_workflow")
+
+    def action_buttons(self, request, run):
+        return available(request, self, run)
+
     # Pages
+
+    def changelist_view(self, request, extra_context=None):
+        # Django drops a bulk action the user may not take and shows the list
+        # again; refuse it outright, as the run page's actions do.
+        action = request.POST.get("action") if request.method == "POST" else None
+        ours = {func.__name__ for func in self.actions}
+        if action in ours and action not in self.get_actions(request):
+            raise PermissionDenied
+        extra_context = {"overview_url": self.page_url(request, "overview"), **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
 
     def get_urls(self):
         name_prefix = f"{self.opts.app_label}_{self.opts.model_name}_"
@@ -113,11 +152,20 @@ class WorkflowAdmin(ReadOnlyAdmin):
             return views.staff_only(bound, self.admin_site)
 
         return [
+            path("overview/", page(overview.overview), name=f"{name_prefix}overview"),
             path("<str:run_id>/run/", page(views.run_detail), name=f"{name_prefix}run"),
             path(
                 "<str:run_id>/run/steps/<str:step_pk>/",
                 page(views.step_detail),
                 name=f"{name_prefix}run_step",
+            ),
+            *(
+                path(
+                    f"<str:run_id>/run/{name}/",
+                    page(functools.partial(run_action, action_name=name)),
+                    name=f"{name_prefix}run_{name}",
+                )
+                for name in ACTIONS
             ),
         ]
 

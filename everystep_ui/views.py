@@ -149,6 +149,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         ),
         "tree": step_tree,
         "steps_recorded": len(steps),
+        "action_buttons": model_admin.action_buttons(request, run),
         **page_context(request, model_admin, run),
     }
 
@@ -158,6 +159,7 @@ def page_context(request, model_admin, run: Workflow) -> dict:
     return {
         "run_url": model_admin.page_url(request, "run", run.pk),
         "changelist_url": model_admin.page_url(request, "changelist"),
+        "overview_url": model_admin.page_url(request, "overview"),
         "run_short_id": display.short_id(run.pk),
         "run_live_template": model_admin.run_live_template,
         "step_payloads_template": model_admin.step_payloads_template,

@@ -75,6 +75,12 @@ def flaky_inventory_sync(order_id):
     return {"synced": order_id}
 
 
+@step
+def summarise_day(day):
+    time.sleep(5 * PACE)
+    return {"day": day, "orders": 40 + day % 7}
+
+
 @workflow
 def sequential_order(order_id):
     """Steps one after another."""
@@ -120,3 +126,10 @@ def inventory_sync(order_id):
     fetch_order(order_id)
     flaky_inventory_sync(order_id)
     return send_email(order_id, "inventory updated")
+
+
+@workflow
+def nightly_report(days):
+    """Slow on purpose (2 s a step): watch its tree grow, then try Stop or Requeue on it."""
+    totals = [summarise_day(day) for day in range(1, days + 1)]
+    return {"days": days, "orders": sum(total["orders"] for total in totals)}

@@ -2,63 +2,21 @@
 
 Needs Debian's /usr/bin/chromium (never ``playwright install``). Without it the
 test skips, unless EVERYSTEP_REQUIRE_BROWSER=1 makes a missing browser a failure.
-EVERYSTEP_SCREENSHOTS=1 saves the run page to docs/run-detail.png.
+(The screenshots in docs/ are taken from demo runs by test_e2e_actions.py.)
 """
 
 import datetime as dt
-import os
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
 from django.utils import timezone
 
 from everystep.models import Step, Workflow
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "run-detail.png"
+from .conftest import CHROMIUM, CHROMIUM_ARGS, off_the_browser_loop
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def sync_playwright():
-    problem = None
-    if not os.path.exists(CHROMIUM):
-        problem = f"{CHROMIUM} is missing"
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        problem = "playwright is not installed"
-    if problem:
-        if os.environ.get("EVERYSTEP_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"EVERYSTEP_REQUIRE_BROWSER=1 but {problem}")
-        pytest.skip(f"no browser for the end-to-end test: {problem}")
-    return sync_playwright
-
-
-def off_the_browser_loop(func):
-    """Run ORM work on a thread of its own: Playwright's sync API keeps an asyncio
-    loop running on the test thread, where Django refuses ORM calls."""
-
-    def work():
-        try:
-            return func()
-        finally:
-            connections.close_all()  # else the test database cannot be dropped
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(work).result()
 
 
 def make_checkout_run() -> Workflow:
@@ -136,10 +94,6 @@ def test_run_page_in_a_browser(live_server, sync_playwright):
             assert page.locator("#es-run-live[hx-trigger]").count() == 0
             assert '"state": "paid"' in page.locator("#es-run-live").inner_text()
             assert payload.is_visible()
-
-            if os.environ.get("EVERYSTEP_SCREENSHOTS") == "1":
-                SCREENSHOT.parent.mkdir(exist_ok=True)
-                page.screenshot(path=str(SCREENSHOT), full_page=True)
         finally:
             browser.close()
 

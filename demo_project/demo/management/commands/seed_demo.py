@@ -21,10 +21,12 @@ class Command(BaseCommand):
             schedule(workflows.fraud_checked, order * 5 if i == 0 else order)
             schedule(workflows.inventory_sync, order)
             schedule(workflows.checkout_with_cleanup, order, -1 if i == 0 else 20)
+        report = schedule(workflows.nightly_report, 30)
         blocked = self.crash_after_charge(base + count)
         self.stdout.write(
-            f"scheduled {5 * count} runs, and run {blocked.id} whose worker 'died' right after "
-            "charging a card: a worker will park it as blocked"
+            f"scheduled {5 * count} runs; run {report.id}, a slow report (about a minute) to try "
+            f"Stop on; and run {blocked.id} whose worker 'died' right after charging a card: a "
+            "worker will park it as blocked"
         )
 
     def crash_after_charge(self, order):

@@ -1,0 +1,265 @@
+"""Operator actions on runs: Retry, Stop, Resolve, Requeue.
+
+Each calls its transition in ``everystep.operations``, conditional on the
+status the operator saw, records a ``LogEntry`` on the run's admin history and
+reports through the admin's messages. ``run_action`` serves every single-run
+action (GET shows the confirmation and changes nothing, POST acts); Retry and
+Stop are also bulk actions of the run list, with a confirmation page modelled
+on Django's ``delete_selected``.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django_htmx.http import HttpResponseClientRedirect
+
+from everystep import operations
+from everystep.errors import EverystepError
+from everystep.models import Workflow
+
+from . import display, views
+from .forms import RequeueForm, ResolveForm, RunActionForm
+
+Status = Workflow.Status
+BULK_REFUSALS_SHOWN = 5
+
+
+# ---------------------------------------------------------------- the transitions
+
+
+def _retry(request, run, seen, form) -> str:
+    discarded = operations.retry_run(run.pk, expected_status=seen)
+    return f"Retried: {seen} -> {Status.SCHEDULED}; {describe_discarded(discarded)}."
+
+
+def _stop(request, run, seen, form) -> str:
+    operations.stop_run(run.pk, actor=request.user.get_username(), expected_status=seen)
+    return f"Stopped: {seen} -> {Status.STOPPED}."
+
+
+def _requeue(request, run, seen, form) -> str:
+    claimer = form.cleaned_data["seen_claimer"] or None
+    operations.requeue_run(run.pk, expected_status=seen, expected_claimer=claimer)
+    fenced = f" (claimer {claimer or run.claimed_by} fenced out)" if claimer or run.claimed_by else ""
+    return f"Requeued: {seen} -> {Status.SCHEDULED}{fenced}."
+
+
+def _resolve(request, run, seen, form) -> str:
+    # resolve_step checks the blocked status itself, under a lock on the run row.
+    step_id = form.cleaned_data["step_id"]
+    resolution = form.resolve_kwargs()
+    operations.resolve_step(run.pk, step_id, **resolution)
+    if "result" in resolution:
+        how = f"recorded as done with the result {_clip(form.cleaned_data['result'].strip())}"
+    elif "error" in resolution:
+        how = f"recorded as failed with the message {_clip(resolution['error'])!r}"
+    else:
+        how = "its started row discarded, so that it runs again"
+    return f"Resolved step {step_id}: {how}; {seen} -> {Status.SCHEDULED}."
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_discarded(discarded) -> str:
+    if not discarded:
+        return "no step row discarded"
+    rows = ", ".join(
+        f"{row.step_id} {row.name} ({row.status}{', unsafe to repeat' if row.unsafe else ''})"
+        for row in discarded
+    )
+    return f"discarded {len(discarded)} step row{'s' if len(discarded) > 1 else ''}: {rows}"
+
+
+@dataclass(frozen=True)
+class RunAction:
+    name: str  # URL segment; permission ``everystep.<name>_workflow``, checked by ``has_<name>_permission``
+    label: str
+    done: str  # "a failed run can be <done>"
+    allowed_from: tuple[str, ...]
+    perform: Callable  # (request, run, seen status, form) -> the change, for the log and the message
+    form_class: type[RunActionForm] = RunActionForm
+
+
+ACTIONS = {
+    action.name: action
+    for action in [
+        RunAction("retry", "Retry", "retried", operations.RETRYABLE, _retry),
+        RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop),
+        RunAction("resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm),
+        RunAction("requeue", "Requeue", "requeued", operations.REQUEUEABLE, _requeue, RequeueForm),
+    ]
+}
+
+
+def may(request, model_admin, action: RunAction, run=None) -> bool:
+    return getattr(model_admin, f"has_{action.name}_permission")(request, run)
+
+
+def available(request, model_admin, run) -> list[dict]:
+    """The buttons of the run page: actions its status allows and the user may take."""
+    return [
+        {"action": action, "url": model_admin.page_url(request, f"run_{action.name}", run.pk)}
+        for action in ACTIONS.values()
+        if run.status in action.allowed_from and may(request, model_admin, action, run)
+    ]
+
+
+# ---------------------------------------------------------------- one run
+
+
+def run_action(request, run_id, *, model_admin, action_name):
+    action = ACTIONS[action_name]
+    run = views.get_run(request, model_admin, run_id, payloads=action.name == "resolve")
+    if not may(request, model_admin, action, run):
+        raise PermissionDenied
+    run_url = model_admin.page_url(request, "run", run.pk)
+    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
+    if request.method == "POST":
+        if moved_on := form.moved_on():
+            model_admin.message_user(
+                request, f"Run {run.pk} moved on: {moved_on}; nothing was changed.", messages.WARNING
+            )
+            return _back_to(request, run_url)
+        if run.status not in action.allowed_from:
+            model_admin.message_user(request, f"{_refused(action, run)} Nothing was changed.", messages.ERROR)
+            return _back_to(request, run_url)
+        if form.is_valid():
+            try:
+                change = _perform(request, model_admin, action, run, form.cleaned_data["seen_status"], form)
+            except EverystepError as exc:
+                model_admin.message_user(request, str(exc), messages.WARNING)
+            else:
+                model_admin.message_user(request, f"Run {run.pk}: {change}", messages.SUCCESS)
+            return _back_to(request, run_url)
+    context = {
+        "action": action,
+        "run": run,
+        "form": form,
+        "allowed": run.status in action.allowed_from,
+        "refusal": _refused(action, run),
+        "action_url": model_admin.page_url(request, f"run_{action.name}", run.pk),
+        "action_form_template": model_admin.action_form_template,
+        "discarded": operations.retry_preview(run.pk) if action.name == "retry" else [],
+        "error": display.decode_error(run.error_json) if action.name == "resolve" else None,
+        **views.page_context(request, model_admin, run),
+    }
+    if request.htmx:
+        return TemplateResponse(request, model_admin.action_form_template, context)
+    context.update(
+        model_admin.admin_site.each_context(request),
+        title=f"{action.label} run {run.pk}",
+        opts=Workflow._meta,
+    )
+    return TemplateResponse(request, model_admin.action_template, context)
+
+
+def _perform(request, model_admin, action, run, seen, form=None) -> str:
+    """Take ``action`` on ``run`` and log it on the run's history; returns the
+    change. Raises ``EverystepError`` when the operation refused (nothing written)."""
+    change = action.perform(request, run, seen, form)
+    model_admin.log_change(request, run, change)
+    return change
+
+
+def _refused(action, run) -> str:
+    allowed = " or ".join(action.allowed_from)
+    return f"Run {run.pk} is {run.status}: only a {allowed} run can be {action.done}."
+
+
+def _back_to(request, url):
+    # htmx would swap a redirect's target into the panel: make the browser navigate instead.
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+# ---------------------------------------------------------------- bulk (the run list)
+
+
+@admin.action(permissions=["retry"], description="Retry selected runs")
+def retry_selected(model_admin, request, queryset):
+    return bulk_action(model_admin, request, queryset, ACTIONS["retry"])
+
+
+@admin.action(permissions=["stop"], description="Stop selected runs")
+def stop_selected(model_admin, request, queryset):
+    return bulk_action(model_admin, request, queryset, ACTIONS["stop"])
+
+
+def bulk_action(model_admin, request, queryset, action: RunAction):
+    """The confirmation page, then (on its POST) the action on each run it listed.
+
+    The page records each run's status as seen; a run that moved on since is
+    left alone and named in a message."""
+    if not may(request, model_admin, action):
+        raise PermissionDenied
+    limit = model_admin.bulk_action_limit
+    runs = list(queryset.only("id", "name", "status", "claimed_by")[: limit + 1])
+    if len(runs) > limit:
+        model_admin.message_user(
+            request,
+            f"Select at most {limit} runs for one {action.label.lower()}; nothing was changed.",
+            messages.ERROR,
+        )
+        return None
+
+    if request.POST.get("post"):
+        seen = {key[len("seen-") :]: value for key, value in request.POST.items() if key.startswith("seen-")}
+        done, refusals = 0, []
+        for run in runs:
+            if str(run.pk) not in seen:
+                continue  # not offered on the confirmation page
+            try:
+                _perform(request, model_admin, action, run, seen[str(run.pk)])
+                done += 1
+            except EverystepError as exc:
+                refusals.append(str(exc))
+        if done:
+            model_admin.message_user(
+                request, f"{action.done.capitalize()} {done} run{'s' if done > 1 else ''}.", messages.SUCCESS
+            )
+        for refusal in refusals[:BULK_REFUSALS_SHOWN]:
+            model_admin.message_user(request, refusal, messages.WARNING)
+        if len(refusals) > BULK_REFUSALS_SHOWN:
+            model_admin.message_user(
+                request,
+                f"{len(refusals) - BULK_REFUSALS_SHOWN} more runs had moved on and were left alone.",
+                messages.WARNING,
+            )
+        if not done and not refusals:
+            model_admin.message_user(request, f"No run was {action.done}.", messages.WARNING)
+        return None  # back to the run list
+
+    items = []
+    for run in runs:
+        actionable = run.status in action.allowed_from
+        preview = actionable and action.name == "retry"
+        items.append(
+            {
+                "run": run,
+                "short_id": display.short_id(run.pk),
+                "url": model_admin.page_url(request, "run", run.pk),
+                "actionable": actionable,
+                "discarded": operations.retry_preview(run.pk) if preview else [],
+            }
+        )
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{action.label} selected runs",
+        "subtitle": None,
+        "action": action,
+        "action_function": f"{action.name}_selected",
+        "items": items,
+        "actionable_count": sum(item["actionable"] for item in items),
+        "opts": Workflow._meta,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "changelist_url": model_admin.page_url(request, "changelist"),
+        "media": model_admin.media,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, model_admin.bulk_action_template, context)

@@ -1,0 +1,100 @@
+"""The forms the operator actions post."""
+
+from django import forms
+
+from everystep import serde
+from everystep.errors import EverystepError
+from everystep.models import Step, Workflow
+
+
+class RunActionForm(forms.Form):
+    """Every action posts the status the operator saw: the transition is
+    conditional on it, so a run that moved on meanwhile is left alone."""
+
+    seen_status = forms.ChoiceField(choices=Workflow.Status.choices, widget=forms.HiddenInput)
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, initial=self.seen(run))
+        self.run = run
+
+    def seen(self, run) -> dict:
+        return {"seen_status": run.status}
+
+    def moved_on(self) -> str:
+        """How the run differs from what the operator saw (empty if it does not)."""
+        seen = self.data.get("seen_status")
+        return f"it is {self.run.status} now, not {seen}" if seen and seen != self.run.status else ""
+
+
+class RequeueForm(RunActionForm):
+    """Requeue also carries the claimer seen: a run another worker claimed since
+    is healthy, and requeueing it would fence that worker out."""
+
+    seen_claimer = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def seen(self, run) -> dict:
+        return {**super().seen(run), "seen_claimer": run.claimed_by}
+
+    def moved_on(self) -> str:
+        status_changed = super().moved_on()
+        seen = self.data.get("seen_claimer")
+        if status_changed or not seen or seen == self.run.claimed_by:
+            return status_changed
+        return f"it is running under {self.run.claimed_by} now, not {seen}"
+
+
+class ResolveForm(RunActionForm):
+    """The three choices of ``everystep_resolve_step``, with the same validation."""
+
+    RESOLUTIONS = [
+        ("result", "The effect happened: record the step as done with this result"),
+        ("error", "The effect did not happen: record the step as failed with this message"),
+        ("discard", "Forget the started record: the step runs again"),
+    ]
+
+    step_id = forms.ChoiceField(label="Step")
+    resolution = forms.ChoiceField(label="Outcome", choices=RESOLUTIONS, widget=forms.RadioSelect)
+    result = forms.CharField(
+        label="Result (JSON)",
+        required=False,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": '{"charged": 1999}'}),
+        help_text="What the step returned, as JSON: an object, a list, a string in quotes, a number or null.",
+    )
+    error = forms.CharField(
+        label="Error message",
+        required=False,
+        widget=forms.TextInput(attrs={"size": 60}),
+        help_text="Recorded as a StepFailure: the workflow's except clauses see it on the next pass.",
+    )
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, run=run)
+        started = Step.objects.filter(workflow_id=run.pk, status=Step.Status.STARTED).order_by("id")
+        steps = list(started.values_list("step_id", "name"))
+        self.fields["step_id"].choices = [(step_id, f"{step_id} ({name})") for step_id, name in steps]
+        if len(steps) == 1:
+            self.fields["step_id"].initial = steps[0][0]
+
+    def clean(self):
+        data = super().clean()
+        resolution = data.get("resolution")
+        if resolution == "result":
+            text = data.get("result") or ""
+            try:
+                data["value"] = serde.loads(text)
+            except (ValueError, EverystepError) as exc:
+                problem = str(exc) if text.strip() else "it is empty (null if the step returned nothing)"
+                self.add_error("result", f"Not valid JSON: {problem}")
+        elif resolution == "error" and not data.get("error"):
+            self.add_error("error", "Enter the message to record with the failure.")
+        return data
+
+    def resolve_kwargs(self) -> dict:
+        """Keyword arguments for ``operations.resolve_step``."""
+        choice = self.cleaned_data["resolution"]
+        if choice == "result":
+            return {"result": self.cleaned_data["value"]}
+        if choice == "error":
+            return {"error": self.cleaned_data["error"]}
+        return {"discard": True}

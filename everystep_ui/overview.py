@@ -1,0 +1,179 @@
+"""The overview page: runs per status, the dead-letter depth, the age of the
+oldest scheduled run, throughput over the last hour and the runners.
+
+Every figure is one query an index serves, so the page stays cheap on a table
+of millions of runs: the status index for the counts (GROUP BY status) and the
+runners (status = 'running'), the claim index for the oldest scheduled run, the
+created_at index to bound the throughput chart (completed_at has no index).
+"""
+
+import datetime as dt
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from everystep.models import Workflow
+
+from . import display
+
+Status = Workflow.Status
+CHART_MINUTES = 60
+# Runs are counted in the chart when created at most this long before the
+# chart's first minute: the bound lets the created_at index serve the query.
+CHART_LOOKBACK = dt.timedelta(hours=1)
+CHART_WIDTH, CHART_HEIGHT = 600, 120
+
+
+# ---------------------------------------------------------------- the queries
+
+
+def status_counts_query():
+    return Workflow.objects.order_by().values_list("status").annotate(n=Count("*"))
+
+
+def oldest_scheduled_query():
+    return Workflow.objects.claimable().values_list("created_at", flat=True)[:1]
+
+
+def chart_query(start: dt.datetime):
+    """Runs completed or failed per minute since ``start``."""
+    return (
+        Workflow.objects.filter(
+            created_at__gte=start - CHART_LOOKBACK,
+            completed_at__gte=start,
+            status__in=[Status.COMPLETED, Status.FAILED],
+        )
+        # Minutes in UTC: on MySQL any other zone needs the server's time zone tables.
+        .annotate(minute=TruncMinute("completed_at", tzinfo=dt.UTC))
+        .order_by()
+        .values_list("minute", "status")
+        .annotate(n=Count("*"))
+    )
+
+
+def runners_query():
+    return (
+        Workflow.objects.filter(status=Status.RUNNING)
+        .order_by()
+        .values_list("claimed_by")
+        .annotate(n=Count("*"))
+        .order_by("-n", "claimed_by")
+    )
+
+
+# ---------------------------------------------------------------- the figures
+
+
+@dataclass
+class Bar:
+    x: float
+    width: float
+    completed_y: float
+    completed_height: float
+    failed_y: float
+    failed_height: float
+    title: str
+
+
+@dataclass
+class Chart:
+    bars: list[Bar]
+    completed: int
+    failed: int
+    peak: int
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+
+
+def chart_start(now: dt.datetime) -> dt.datetime:
+    """The first minute of the chart: the current minute is its last."""
+    return now.replace(second=0, microsecond=0) - dt.timedelta(minutes=CHART_MINUTES - 1)
+
+
+def build_chart(start: dt.datetime, rows) -> Chart:
+    """Stacked bars, one per minute: completed at the bottom, failed above."""
+    counts = {}
+    for minute, status, n in rows:
+        index = int((minute - start).total_seconds() // 60)
+        if 0 <= index < CHART_MINUTES:
+            counts.setdefault(index, {})[status] = n
+    totals = [sum(counts.get(i, {}).values()) for i in range(CHART_MINUTES)]
+    peak = max(totals, default=0)
+    scale = CHART_HEIGHT / peak if peak else 0
+    slot = CHART_WIDTH / CHART_MINUTES
+    bars = []
+    for i in range(CHART_MINUTES):
+        completed = counts.get(i, {}).get(Status.COMPLETED, 0)
+        failed = counts.get(i, {}).get(Status.FAILED, 0)
+        completed_height, failed_height = completed * scale, failed * scale
+        minute = start + dt.timedelta(minutes=i)
+        bars.append(
+            Bar(
+                x=round(i * slot + 1, 2),
+                width=round(slot - 2, 2),
+                completed_y=round(CHART_HEIGHT - completed_height, 2),
+                completed_height=round(completed_height, 2),
+                failed_y=round(CHART_HEIGHT - completed_height - failed_height, 2),
+                failed_height=round(failed_height, 2),
+                title=f"{minute:%H:%M} UTC: {completed} completed, {failed} failed",
+            )
+        )
+    return Chart(
+        bars=bars,
+        completed=sum(c.get(Status.COMPLETED, 0) for c in counts.values()),
+        failed=sum(c.get(Status.FAILED, 0) for c in counts.values()),
+        peak=peak,
+    )
+
+
+def figures(now: dt.datetime | None = None) -> dict:
+    now = now or timezone.now()
+    counts = dict(status_counts_query())
+    oldest = next(iter(oldest_scheduled_query()), None)
+    start = chart_start(now)
+    return {
+        "counts": [(status, counts.get(status, 0)) for status in Status.values],
+        "total": sum(counts.values()),
+        "blocked": counts.get(Status.BLOCKED, 0),
+        "oldest_scheduled": oldest,
+        "oldest_scheduled_age": display.format_duration(now - oldest) if oldest else None,
+        "chart": build_chart(start, chart_query(start)),
+        "runners": list(runners_query()),
+        "now": now,
+    }
+
+
+# ---------------------------------------------------------------- the page
+
+
+def overview(request, *, model_admin):
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    changelist_url = model_admin.page_url(request, "changelist")
+
+    def listed(**params):
+        return f"{changelist_url}?{urlencode(params)}"
+
+    data = figures()
+    context = {
+        **data,
+        "counts": [(status, n, listed(status=status)) for status, n in data["counts"]],
+        "runners": [(name, n, listed(status=Status.RUNNING, claimed_by=name)) for name, n in data["runners"]],
+        "blocked_url": listed(status=Status.BLOCKED),
+        "scheduled_url": listed(status=Status.SCHEDULED),
+        "overview_url": model_admin.page_url(request, "overview"),
+        "changelist_url": changelist_url,
+        "chart_lookback_minutes": int(CHART_LOOKBACK.total_seconds() // 60),
+        "overview_live_template": model_admin.overview_live_template,
+        "title": "Overview",
+        "opts": Workflow._meta,
+    }
+    if request.htmx:
+        return TemplateResponse(request, model_admin.overview_live_template, context)
+    context.update(model_admin.admin_site.each_context(request))
+    return TemplateResponse(request, model_admin.overview_template, context)

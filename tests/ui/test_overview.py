@@ -1,0 +1,190 @@
+"""The overview page: its figures after known data, who may see it, and its query plans."""
+
+import datetime as dt
+import random
+import re
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from everystep.models import Workflow
+from everystep_ui import overview
+
+from .conftest import HTMX
+
+PAGE = "/admin/everystep/workflow/overview/"
+NOW = dt.datetime(2024, 5, 1, 12, 30, 20, tzinfo=dt.UTC)
+SCRIPT = "<script>alert(1)</script>"
+
+
+def ago(**delta):
+    return NOW - dt.timedelta(**delta)
+
+
+@pytest.fixture
+def known_runs(make_run):
+    def ended(status, *, minutes_ago, took=dt.timedelta(seconds=30)):
+        end = ago(minutes=minutes_ago)
+        return make_run(status=status, created_at=end - took, completed_at=end)
+
+    for minutes in (10, 5, 0):
+        make_run(status="scheduled", created_at=ago(minutes=minutes))
+    for claimer in ("worker-a", "worker-a", "worker-b"):
+        make_run(status="running", claimed_by=claimer, created_at=ago(minutes=1))
+    ended("completed", minutes_ago=1)
+    ended("completed", minutes_ago=1)
+    ended("completed", minutes_ago=30)
+    ended("completed", minutes_ago=120)  # before the chart's hour
+    ended("failed", minutes_ago=1)
+    ended("failed", minutes_ago=59)
+    # Ended in the hour, but created too long before it for the chart's bounded query.
+    ended("failed", minutes_ago=10, took=dt.timedelta(hours=3))
+    ended("blocked", minutes_ago=3)
+    ended("stopped", minutes_ago=3)
+
+
+def test_the_figures_after_known_data(known_runs):
+    figures = overview.figures(NOW)
+    assert figures["counts"] == [
+        ("scheduled", 3),
+        ("running", 3),
+        ("completed", 4),
+        ("failed", 3),
+        ("stopped", 1),
+        ("blocked", 1),
+    ]
+    assert figures["total"] == 15
+    assert figures["blocked"] == 1
+    assert figures["oldest_scheduled"] == ago(minutes=10)
+    assert figures["oldest_scheduled_age"] == "10 min 0 s"
+    assert figures["runners"] == [("worker-a", 2), ("worker-b", 1)]
+    chart = figures["chart"]
+    assert (chart.completed, chart.failed, chart.peak) == (3, 2, 3)
+    titled = {bar.title: bar for bar in chart.bars if not bar.title.endswith("0 completed, 0 failed")}
+    assert list(titled) == [
+        "11:31 UTC: 0 completed, 1 failed",
+        "12:00 UTC: 1 completed, 0 failed",
+        "12:29 UTC: 2 completed, 1 failed",
+    ]
+    assert len(chart.bars) == 60
+    assert chart.bars[0].title.startswith("11:31 UTC") and chart.bars[-1].title.startswith("12:30 UTC")
+    # The busiest minute fills the height: completed at the bottom, failed on top.
+    busiest = titled["12:29 UTC: 2 completed, 1 failed"]
+    assert (busiest.completed_y, busiest.completed_height) == (40, 80)
+    assert (busiest.failed_y, busiest.failed_height) == (0, 40)
+
+
+def test_an_empty_table(db):
+    figures = overview.figures(NOW)
+    assert figures["total"] == 0 and figures["oldest_scheduled"] is None and figures["runners"] == []
+    assert figures["chart"].peak == 0
+    assert all(bar.completed_height == bar.failed_height == 0 for bar in figures["chart"].bars)
+
+
+def test_the_page_shows_the_figures(admin_client, make_run):
+    now = timezone.now()
+    make_run(status="scheduled", created_at=now - dt.timedelta(minutes=3))
+    make_run(status="blocked")
+    make_run(status="running", claimed_by="worker-a")
+    make_run(status="completed", created_at=now - dt.timedelta(seconds=5), completed_at=now)
+    response = admin_client.get(PAGE)
+    assert response.status_code == 200
+    html = response.text
+    assert "Django administration" in html
+    counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', html))
+    assert counts == {
+        "scheduled": "1",
+        "running": "1",
+        "completed": "1",
+        "failed": "0",
+        "stopped": "0",
+        "blocked": "1",
+        "all": "4",
+    }
+    assert re.search(r'id="es-blocked"><a href="/admin/everystep/workflow/\?status=blocked">1</a>', html)
+    assert "waiting 3 min" in html
+    runner = "/admin/everystep/workflow/?status=running&amp;claimed_by=worker-a"
+    assert f'<a href="{runner}"><code>worker-a</code>' in html
+    assert html.count('class="es-chart-completed"') == 1
+    assert '<svg class="es-chart"' in html
+    assert 'hx-trigger="every 15s"' in html
+
+
+def test_htmx_gets_the_figures_only(admin_client, db):
+    response = admin_client.get(PAGE, **HTMX)
+    assert response.status_code == 200
+    assert response.text.lstrip().startswith("<div id=\"es-overview-live\"")
+
+
+def test_stored_names_are_escaped(admin_client, make_run):
+    make_run(status="running", claimed_by=SCRIPT)
+    html = admin_client.get(PAGE).text
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_who_may_see_the_overview(operator_client, unpermitted_staff_client):
+    viewer = operator_client()  # view permission only
+    for url in (PAGE, "/everystep/overview/"):
+        assert viewer.get(url).status_code == 200
+        assert unpermitted_staff_client.get(url).status_code == 403
+        response = Client().get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def test_the_run_list_and_the_run_page_link_to_the_overview(admin_client, make_run):
+    run = make_run()
+    assert f'<a href="{PAGE}">Overview</a>' in admin_client.get("/admin/everystep/workflow/").text
+    run_page = admin_client.get(f"/admin/everystep/workflow/{run.pk}/run/").text
+    assert f'<a href="{PAGE}">Overview</a>' in run_page
+    assert '<a href="/everystep/overview/">Overview</a>' in admin_client.get("/everystep/").text
+
+
+# The query plans on a big table (PostgreSQL)
+
+STATUS_MIX = ["completed"] * 90 + ["failed"] * 5 + ["stopped"] * 2 + ["blocked", "running", "scheduled"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_overview_queries_use_indexes_on_a_big_table():
+    if connection.vendor != "postgresql":
+        pytest.skip("the plans checked are PostgreSQL's")
+    rng = random.Random(7)
+    now = timezone.now()
+    runs = []
+    for i in range(20_000):
+        status = rng.choice(STATUS_MIX)
+        created = now - dt.timedelta(days=30) * rng.random()
+        runs.append(
+            Workflow(
+                name=f"shop.workflows.flow_{i % 7}",
+                args=[{"order_id": i, "note": "x" * 40}],
+                status=status,
+                claimed_by=f"worker-{i % 5}" if status == "running" else None,
+                created_at=created,
+                completed_at=created + dt.timedelta(seconds=2)
+                if status not in ("scheduled", "running")
+                else None,
+            )
+        )
+    Workflow.objects.bulk_create(runs, batch_size=2_000)
+    with connection.cursor() as cursor:
+        # A real table is vacuumed by autovacuum: the visibility map lets the
+        # counts be read from the status index alone.
+        cursor.execute("VACUUM ANALYZE everystep_workflow")
+
+    start = overview.chart_start(now)
+    queries = {
+        "counts": overview.status_counts_query(),
+        "oldest scheduled": overview.oldest_scheduled_query(),
+        "chart": overview.chart_query(start),
+        "runners": overview.runners_query(),
+    }
+    for what, queryset in queries.items():
+        plan = queryset.explain()
+        assert "Seq Scan on everystep_workflow" not in plan, f"{what}:\n{plan}"
+        assert "everystep_workflow" in plan, f"{what}:\n{plan}"
+    # And the figures still add up.
+    assert overview.figures(now)["total"] == 20_000
