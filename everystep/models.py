@@ -55,6 +55,8 @@ class Workflow(models.Model):
             models.Index(fields=["name", "-created_at"], name="everystep_workflow_name_idx"),
             models.Index(fields=["claimed_by"], name="everystep_workflow_claimer_idx"),
             models.Index(fields=["idempotency_key"], name="everystep_workflow_idem_idx"),
+            # The overview's throughput chart and everystep_prune select by end time.
+            models.Index(fields=["completed_at"], name="everystep_workflow_ended_idx"),
         ]
         constraints = [
             models.UniqueConstraint(
