@@ -38,18 +38,18 @@ def workflow_names() -> list[str]:
 
 def get_workflow(name: str) -> Spec | None:
     """The workflow registered under ``name``, importing its module on first use."""
-    spec = _workflows.get(name)
-    if spec is None:
-        _import_owner(name)
-        spec = _workflows.get(name)
-    return spec
+    return _lookup(_workflows, name)
 
 
 def get_step(name: str) -> Spec | None:
-    spec = _steps.get(name)
+    return _lookup(_steps, name)
+
+
+def _lookup(table: dict, name: str) -> Spec | None:
+    spec = table.get(name)
     if spec is None:
         _import_owner(name)
-        spec = _steps.get(name)
+        spec = table.get(name)
     return spec
 
 

@@ -150,14 +150,13 @@ def run_action(request, run_id, *, model_admin, action_name):
         "error": display.decode_error(run.error_json) if action.name == "resolve" else None,
         **views.page_context(request, model_admin, run),
     }
-    if request.htmx:
-        return TemplateResponse(request, model_admin.action_form_template, context)
-    context.update(
-        model_admin.admin_site.each_context(request),
+    return views.page_or_fragment(
+        request, model_admin, context,
+        fragment=model_admin.action_form_template,
+        page=model_admin.action_template,
         title=f"{action.label} run {run.pk}",
         opts=Workflow._meta,
     )
-    return TemplateResponse(request, model_admin.action_template, context)
 
 
 def _perform(request, model_admin, action, run, seen, form=None) -> str:

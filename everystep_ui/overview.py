@@ -14,12 +14,11 @@ from urllib.parse import urlencode
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
-from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from everystep.models import Workflow
 
-from . import display
+from . import display, views
 
 Status = Workflow.Status
 CHART_MINUTES = 60
@@ -168,7 +167,7 @@ def overview(request, *, model_admin):
         "title": "Overview",
         "opts": Workflow._meta,
     }
-    if request.htmx:
-        return TemplateResponse(request, model_admin.overview_live_template, context)
-    context.update(model_admin.admin_site.each_context(request))
-    return TemplateResponse(request, model_admin.overview_template, context)
+    return views.page_or_fragment(
+        request, model_admin, context,
+        fragment=model_admin.overview_live_template, page=model_admin.overview_template,
+    )

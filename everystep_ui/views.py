@@ -77,15 +77,22 @@ def step_detail(request, run_id, step_pk, *, model_admin):
         "error": display.decode_error(step.error_json),
         "resolve_command": (display.resolve_command(run.pk, step.step_id) if status == "uncertain" else ""),
     }
-    if request.htmx:
-        return TemplateResponse(request, model_admin.step_payloads_template, context)
-    context.update(
-        model_admin.admin_site.each_context(request),
+    return page_or_fragment(
+        request, model_admin, context,
+        fragment=model_admin.step_payloads_template,
+        page=model_admin.step_template,
         title=f"Step {step.step_id} of run {run.pk}",
         opts=Workflow._meta,
         **page_context(request, model_admin, run),
     )
-    return TemplateResponse(request, model_admin.step_template, context)
+
+
+def page_or_fragment(request, model_admin, context, *, fragment, page, **page_extra):
+    """An HTMX request gets the fragment; any other the full admin page around it."""
+    if request.htmx:
+        return TemplateResponse(request, fragment, context)
+    context.update(model_admin.admin_site.each_context(request), **page_extra)
+    return TemplateResponse(request, page, context)
 
 
 def get_run(request, model_admin, run_id, *, payloads=False) -> Workflow:
