@@ -1,11 +1,18 @@
-"""Shared by the benchmarks: Django set-up on a fresh PostgreSQL database, and medians."""
+"""Shared by the benchmarks: Django set-up on a fresh PostgreSQL database, worker
+processes, medians and tables."""
 
+import math
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LOGDIR = Path(tempfile.gettempdir()) / "everystep-bench-logs"  # worker logs of the last run
+LOGDIR.mkdir(exist_ok=True)
 
 
 def setup(fresh: bool = True) -> None:
@@ -34,6 +41,35 @@ def setup(fresh: bool = True) -> None:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def percentile(values, fraction: float) -> float:
+    """The nearest-rank percentile (``fraction`` 0.99 for p99)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def start_worker(name: str, *, pool: int, poll: float, log, extra=(), module=None) -> subprocess.Popen:
+    """A worker process on the benchmark database, as an operator starts one:
+    ``python -m django everystep_worker`` (or ``python -m MODULE`` for a bench wrapper)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings"}
+    command = ["-m", module] if module else ["-m", "django", "everystep_worker"]
+    return subprocess.Popen(
+        [sys.executable, *command, "--name", name, "--pool", str(pool), "--poll", str(poll), *extra],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+
+
+def stop_workers(procs) -> None:
+    """SIGTERM (a clean drain), then SIGKILL whatever is still there after 30 s."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def table(rows, headers) -> str:

@@ -12,3 +12,9 @@ DATABASE_URL = os.environ.get(
 )
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# Django's connection pool (psycopg-pool): a worker's pool threads close their
+# connection after each run, which then returns it to the pool instead of
+# paying for a new PostgreSQL connection (about 10 ms here) on the next run.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": 40}

@@ -10,8 +10,10 @@ Usage: python bench/step_overhead.py [--steps 1000] [--rounds 5]
 """
 
 import argparse
+import json
 import time
 import tracemalloc
+from pathlib import Path
 
 try:
     from bench.common import median, setup, table
@@ -115,6 +117,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replay-steps", type=int, default=10_000)
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     setup()
     rates = {"engine": [], "psycopg": [], "orm": []}
@@ -137,6 +140,9 @@ def main(argv=None):
     print(f"\nReplay of {args.replay_steps} recorded steps to the first unrecorded one")
     print(table([[f"{seconds:.3f} s", "<= 0.5 s", f"{kb:.2f} KB", "a few KB"]],
                 ["median time", "target", "peak memory / step", "target"]))
+    if args.json:
+        figures = {"steps_per_s": med, "replay_s": seconds, "replay_kb_per_step": kb}
+        Path(args.json).write_text(json.dumps(figures))
     return med, seconds, kb
 
 

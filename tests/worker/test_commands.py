@@ -54,6 +54,27 @@ def test_worker_refuses_bad_options(args, message):
         call_command("everystep_worker", *args)
 
 
+def test_worker_command_maps_its_options_onto_the_worker(monkeypatch):
+    from everystep.management.commands import everystep_worker
+
+    made = {}
+
+    class Recorder:
+        abandoned = False
+
+        def __init__(self, **options):
+            made.update(options)
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(everystep_worker, "Worker", Recorder)
+    call_command("everystep_worker", "--pool", "3", "--poll", "0.5", "--name", "w-1", "--no-listen")
+    assert (made["pool_size"], made["poll"], made["name"], made["listen"]) == (3, 0.5, "w-1", False)
+    call_command("everystep_worker")
+    assert made["listen"] is True
+
+
 # ---------------------------------------------------------------- everystep_requeue
 
 

@@ -28,8 +28,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--metrics-port", type=int, default=None, help="serve this worker's metrics")
         parser.add_argument("--metrics-bind", default="0.0.0.0", help="address for --metrics-port")
+        parser.add_argument(
+            "--no-listen", action="store_true", help="PostgreSQL: poll only, no LISTEN/NOTIFY pickup"
+        )
 
-    def handle(self, *, pool, poll, name, drain, metrics_port, metrics_bind, **options):
+    def handle(self, *, pool, poll, name, drain, metrics_port, metrics_bind, no_listen, **options):
         if name is not None and not name.strip():
             raise CommandError("--name must not be empty")
         if metrics_port is not None and not 0 < metrics_port < 65536:
@@ -42,6 +45,7 @@ class Command(BaseCommand):
                 drain=drain,
                 metrics_port=metrics_port,
                 metrics_bind=metrics_bind,
+                listen=not no_listen,
             )
         except EverystepError as exc:
             raise CommandError(str(exc))

@@ -1,0 +1,166 @@
+"""The whole benchmark suite on PostgreSQL, one command, one table.
+
+Runs each benchmark in its own process and database (each prints its own
+table as it goes), then prints every figure next to its target with PASS or
+MISS. It asserts nothing about time: the exit status says only whether every
+benchmark ran. This machine may be shared, so read medians, and run it twice
+before believing a MISS.
+
+1. step overhead: 1,000 trivial steps on one thread, as a share of raw psycopg INSERTs
+2. throughput: 2,000 runs of 10 steps, 2 worker processes x pool 8, next to DBOS Transact
+3. pickup latency: commit of schedule() to the first step, LISTEN/NOTIFY and polling only
+4. replay: resuming a run with 10,000 recorded steps
+5. UI at scale: the runs list and a 5,000-step run page with 1,000,000 runs loaded
+
+Usage:
+    python bench/run.py            # the full suite: about 6 minutes, plus 2 the first time (1M-run load)
+    python bench/run.py --quick    # a smaller variant: about 2 minutes
+    python bench/run.py --only pickup,ui --no-dbos
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import table  # noqa: E402
+
+SECTIONS = ("overhead", "throughput", "pickup", "ui")
+
+
+def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
+    """Each section's script, arguments and extra environment."""
+    ui_env = {}
+    if quick:
+        ui_env["EVERYSTEP_BENCH_DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/everystep_bench_ui_quick"
+    return {
+        "overhead": (["step_overhead.py", "--steps", "1000", "--rounds", "3" if quick else "9"], {}),
+        "throughput": (
+            ["throughput.py", "--runs", "400" if quick else "2000", *(["--no-dbos"] if no_dbos else [])],
+            {},
+        ),
+        "pickup": (["pickup.py", "--runs", "50" if quick else "200"], {}),
+        "ui": (["ui_scale.py", "--runs", "100000" if quick else "1000000",
+                "--requests", "10" if quick else "20"], ui_env),
+    }
+
+
+def run_section(name: str, argv: list[str], env: dict, outdir: Path) -> tuple[dict | None, float]:
+    out = outdir / f"{name}.json"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / argv[0]), *argv[1:], "--json", str(out)],
+        env={**os.environ, **env}, cwd=ROOT,
+    )
+    elapsed = time.monotonic() - started
+    if done.returncode or not out.exists():
+        print(f"!! {name} failed (exit {done.returncode})")
+        return None, elapsed
+    return json.loads(out.read_text()), elapsed
+
+
+def verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("PASS" if ok else "MISS")
+
+
+def summary_rows(results: dict, poll: float) -> list[list[str]]:
+    rows = []
+    over = results.get("overhead")
+    if over:
+        ratio = over["steps_per_s"]["engine"] / over["steps_per_s"]["psycopg"]
+        rows += [
+            ["1 step overhead", "everystep, 1 thread", f"{over['steps_per_s']['engine']:.0f} steps/s",
+             "", ""],
+            ["", "share of raw psycopg INSERT loop", f"{ratio:.0%}", ">= 85%", verdict(ratio >= 0.85)],
+        ]
+    tp = results.get("throughput")
+    if tp:
+        ours, peer = tp["everystep"], tp["dbos"]
+        rows.append(["2 throughput", "everystep, 2 x 8", f"{ours['runs_per_s']:.0f} runs/s, "
+                     f"{ours['steps_per_s']:.0f} steps/s", "", ""])
+        if "error" in peer:
+            rows.append(["", "DBOS Transact, 2 x 8", "not measured (see above)", "", ""])
+        else:
+            rows += [
+                ["", f"DBOS Transact {peer['version']}, 2 x 8",
+                 f"{peer['runs_per_s']:.0f} runs/s, {peer['steps_per_s']:.0f} steps/s", "", ""],
+                ["", "everystep / DBOS steps/s", f"{ours['steps_per_s'] / peer['steps_per_s']:.2f}", "", ""],
+            ]
+    pick = results.get("pickup")
+    if pick:
+        notify, polled = pick["notify"], pick["poll"]
+        rows += [
+            ["3 pickup", "LISTEN/NOTIFY p50", f"{notify['p50_ms']:.1f} ms", "<= 10 ms",
+             verdict(notify["p50_ms"] <= 10)],
+            ["", "LISTEN/NOTIFY p99", f"{notify['p99_ms']:.1f} ms", "<= 50 ms",
+             verdict(notify["p99_ms"] <= 50)],
+            ["", f"polling only ({poll} s) p50", f"{polled['p50_ms']:.1f} ms", f"<= {poll * 1000:.0f} ms",
+             verdict(polled["p50_ms"] <= poll * 1000)],
+            ["", f"polling only ({poll} s) p99", f"{polled['p99_ms']:.1f} ms", "", ""],
+        ]
+    if over:
+        rows += [
+            ["4 replay", "10,000 recorded steps, load + replay", f"{over['replay_s']:.3f} s", "<= 0.5 s",
+             verdict(over["replay_s"] <= 0.5)],
+            ["", "peak memory per recorded step", f"{over['replay_kb_per_step']:.2f} KB", "a few KB (<= 4)",
+             verdict(over["replay_kb_per_step"] <= 4)],
+        ]
+    ui = results.get("ui")
+    if ui:
+        first = True
+        for label, fig in ui.items():
+            if label.startswith("_"):
+                continue
+            rows.append(["5 UI at scale" if first else "", f"{label}, p50", f"{fig['p50_ms']:.0f} ms",
+                         "<= 150 ms", verdict(fig["p50_ms"] <= 150)])
+            first = False
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller counts, a few minutes")
+    parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS Transact comparison")
+    parser.add_argument(
+        "--only", help=f"comma-separated sections among {', '.join(SECTIONS)} (overhead includes replay)"
+    )
+    args = parser.parse_args(argv)
+    chosen = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    plan = commands(args.quick, args.no_dbos)
+    results, times, failed = {}, {}, []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="everystep-bench-") as outdir:
+        for name in chosen:
+            print(f"\n=== {name} ===", flush=True)
+            figures, times[name] = run_section(name, *plan[name], Path(outdir))
+            if figures is None:
+                failed.append(name)
+            else:
+                results[name] = figures
+    total = time.monotonic() - started
+    when = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    load = os.getloadavg()
+    print(f"\n=== everystep benchmarks, {'quick' if args.quick else 'full'} run, {when}, "
+          f"{total / 60:.1f} min, {os.cpu_count()} CPUs, load average {load[0]:.1f} at the end ===")
+    print(table(summary_rows(results, 0.2), ["section", "figure", "value", "target", "result"]))
+    print("sections took: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in times.items()))
+    if failed:
+        print(f"failed to run: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Throughput on PostgreSQL: N runs of a 10-step trivial workflow
+(``bench.workflows.ten_steps``), all scheduled up front, drained by worker
+processes started as an operator starts them (``everystep_worker``).
+
+The clock runs from the first claim (the first run seen leaving ``scheduled``,
+polled every few milliseconds) to the last ``completed_at``, so worker start-up
+and the scheduling itself are not counted. Side by side, the same workload on
+DBOS Transact (``bench/dbos_peer.py``, in its own virtualenv) on the same
+PostgreSQL server, with the same parallelism.
+
+Usage: python bench/throughput.py [--runs 2000] [--workers 2] [--pool 8] [--no-dbos] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault(
+    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench_throughput"
+)
+
+from bench.common import LOGDIR, setup, start_worker, stop_workers, table  # noqa: E402
+
+STEPS_PER_RUN = 10
+DBOS_VENV = ROOT / "bench" / ".venv-dbos"
+DBOS_REQUIREMENT = "dbos"
+
+
+class Watch:
+    """The benchmark's own connection for polling progress; it reconnects if the
+    server restarts (on a shared machine someone may restart it mid-run)."""
+
+    def __init__(self, **params):
+        self.params = params
+        self.conn = None
+        self.losses = 0  # connections lost: the figures of such a round are suspect
+
+    def fetchone(self, sql: str):
+        import psycopg
+
+        for attempt in range(60):
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(**self.params, autocommit=True)
+                return self.conn.execute(sql).fetchone()
+            except psycopg.OperationalError:
+                if attempt == 59:
+                    raise
+                self.close()
+                self.losses += 1
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def everystep_round(runs: int, workers: int, pool: int, poll: float, logdir: Path) -> dict:
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from bench.workflows import ten_steps
+    from everystep import schedule
+    from everystep.models import Step, Workflow
+
+    with transaction.atomic():
+        for _ in range(runs):
+            schedule(ten_steps)
+    connection.close()
+
+    db = settings.DATABASES["default"]
+    watch = Watch(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    first_claim_sql = (
+        "SELECT extract(epoch FROM clock_timestamp())::float8, "
+        "EXISTS (SELECT 1 FROM everystep_workflow WHERE status <> 'scheduled')"
+    )
+    procs = [
+        start_worker(f"bench-tp-{i}", pool=pool, poll=poll, log=open(logdir / f"tp-{i}.log", "w"))  # noqa: SIM115
+        for i in range(workers)
+    ]
+    try:
+        deadline = time.monotonic() + 600
+        while True:  # the first claim, to within a few milliseconds
+            now, claimed = watch.fetchone(first_claim_sql)
+            if claimed:
+                first_claim = now
+                break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"no run was claimed; see the logs in {logdir}")
+            time.sleep(0.002)
+        while time.monotonic() < deadline:
+            (left,) = watch.fetchone(
+                "SELECT count(*) FROM everystep_workflow WHERE status IN ('scheduled', 'running')"
+            )
+            if not left:
+                break
+            time.sleep(0.1)
+        (last_end,) = watch.fetchone(
+            "SELECT extract(epoch FROM max(completed_at))::float8 FROM everystep_workflow"
+        )
+    finally:
+        stop_workers(procs)
+        watch.close()
+    completed = Workflow.objects.filter(status="completed").count()
+    steps = Step.objects.count()
+    if completed != runs or steps != runs * STEPS_PER_RUN:
+        raise RuntimeError(f"{completed} of {runs} runs completed, {steps} steps recorded")
+    seconds = last_end - first_claim
+    if watch.losses:
+        print(f"warning: the database connection was lost {watch.losses} time(s) during the round")
+    return {"runs": runs, "seconds": seconds, "runs_per_s": runs / seconds,
+            "steps_per_s": runs * STEPS_PER_RUN / seconds, "connection_losses": watch.losses}
+
+
+def dbos_python() -> tuple[Path | None, str]:
+    """The DBOS virtualenv's interpreter, made on first use; or None and why not."""
+    python = DBOS_VENV / "bin" / "python"
+    if not python.exists():
+        made = subprocess.run([sys.executable, "-m", "venv", str(DBOS_VENV)], capture_output=True, text=True)
+        if made.returncode:
+            return None, f"cannot make {DBOS_VENV}: {made.stderr.strip()}"
+        (DBOS_VENV / ".gitignore").write_text("*\n")  # a scratch environment, never committed
+    check = subprocess.run([str(python), "-c", "import dbos"], capture_output=True, text=True)
+    if check.returncode:
+        installed = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", DBOS_REQUIREMENT], capture_output=True, text=True
+        )
+        if installed.returncode:
+            return None, f"pip install {DBOS_REQUIREMENT} failed: {installed.stderr.strip()[-2000:]}"
+    return python, ""
+
+
+def dbos_round(runs: int, processes: int, concurrency: int, poll: float) -> dict:
+    """The same workload on DBOS Transact, or ``{"error": why}``."""
+    python, why = dbos_python()
+    if python is None:
+        return {"error": why}
+    url = os.environ.get("DBOS_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/dbos_bench")
+    done = subprocess.run(
+        [str(python), str(ROOT / "bench" / "dbos_peer.py"), "--runs", str(runs), "--processes",
+         str(processes), "--concurrency", str(concurrency), "--poll", str(poll), "--url", url, "--json", "-"],
+        capture_output=True, text=True, timeout=900,
+    )
+    if done.returncode:
+        return {"error": f"bench/dbos_peer.py exited {done.returncode}: {done.stderr.strip()[-2000:]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pool", type=int, default=8)
+    parser.add_argument("--poll", type=float, default=0.2, help="everystep worker --poll")
+    parser.add_argument("--dbos-poll", type=float, default=0.05,
+                        help="DBOS queue polling_interval_sec (its default, 1 s, would starve the pool)")
+    parser.add_argument("--no-dbos", action="store_true")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    setup()
+    ours = everystep_round(args.runs, args.workers, args.pool, args.poll, LOGDIR)
+    peer = {"error": "skipped (--no-dbos)"} if args.no_dbos else dbos_round(
+        args.runs, args.workers, args.pool, args.dbos_poll
+    )
+    rows = [["everystep", f"{ours['seconds']:.2f}", f"{ours['runs_per_s']:.0f}",
+             f"{ours['steps_per_s']:.0f}"]]
+    if "error" in peer:
+        rows.append(["DBOS Transact", "-", "-", "-"])
+    else:
+        rows.append(["DBOS Transact " + peer.get("version", ""), f"{peer['seconds']:.2f}",
+                     f"{peer['runs_per_s']:.0f}", f"{peer['steps_per_s']:.0f}"])
+    print(f"\nThroughput: {args.runs} runs x {STEPS_PER_RUN} trivial steps, {args.workers} processes x "
+          f"{args.pool} concurrent runs, first claim to last completion")
+    print(table(rows, ["engine", "seconds", "runs/s", "steps/s"]))
+    if "error" in peer:
+        print(f"DBOS Transact not measured: {peer['error']}")
+    else:
+        print(f"everystep / DBOS steps/s: {ours['steps_per_s'] / peer['steps_per_s']:.2f}")
+    figures = {"everystep": ours, "dbos": peer}
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main()
