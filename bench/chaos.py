@@ -30,7 +30,7 @@ os.environ.setdefault(
     "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_chaos"
 )
 
-from bench.common import setup, table  # noqa: E402
+from bench.common import setup, stop_workers, table  # noqa: E402
 
 
 class Fleet:
@@ -72,14 +72,7 @@ class Fleet:
         self.start(name)
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(self.procs.values())
 
 
 def restart_postgres() -> None:

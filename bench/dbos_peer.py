@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import psycopg
+from common import stop_workers  # this script runs from bench/, in DBOS's own venv
 from dbos import DBOS
 
 QUEUE = "bench"
@@ -107,13 +108,7 @@ def measure(args) -> dict:
                 raise RuntimeError(f"only {succeeded} of {args.runs} DBOS workflows completed in time")
             (steps,) = conn.execute("SELECT count(*) FROM dbos.operation_outputs").fetchone()
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_workers(procs)
     if failed or steps != args.runs * STEPS_PER_RUN:
         raise RuntimeError(f"{failed} DBOS workflows failed, {steps} steps recorded")
     seconds = (last - first) / 1000
