@@ -47,6 +47,7 @@ class RunState:
         self.halt: BaseException | None = None
         self.engine_error: BaseException | None = None
         self.leave_check = leave_check
+        self.prepared_statements = True  # the runner sets EVERYSTEP_PREPARED_STATEMENTS here
         self._lock = threading.Lock()
 
     def halt_with(self, exc: BaseException):

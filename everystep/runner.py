@@ -74,6 +74,7 @@ def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
         )
         return _end(run, claimer, Status.FAILED, exc=error)
     state = RunState(run.id, run.name, claimer, leave_check)
+    state.prepared_statements = _prepared_statements()  # read once per run, not per step
     state.store = _load_outcomes(run.id)
     value, raised = None, None
     try:
@@ -282,7 +283,7 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
         run_id,
         state.claimer,
     ]
-    if conn.vendor == "postgresql" and _prepared_statements():
+    if conn.vendor == "postgresql" and state.prepared_statements:
         with conn.wrap_database_errors:
             cursor = _prepared_cursor(conn)
             cursor.execute(_INSERT_SQL, params, prepare=True)
