@@ -21,7 +21,7 @@ STATUS_LABELS = {
 }
 
 
-@dataclass
+@dataclass(slots=True)  # a run page builds one per step: thousands of them
 class Node:
     key: str  # the last component of the dotpath
     path: str
@@ -29,7 +29,6 @@ class Node:
     step_pk: int | None = None
     name: str = ""
     status: str = ""  # set on step nodes only
-    url: str = ""  # of the step's payload page, for recorded steps
     closes: int = 0  # nested lists that end after this node, in pre-order (see preorder)
     children: list["Node"] = field(default_factory=list)
     by_key: dict[str, "Node"] = field(default_factory=dict, repr=False)  # while building
@@ -55,6 +54,8 @@ class StepTree:
     nodes: list[Node]  # all of them in pre-order, to render nested lists in one loop
     counts: dict[str, int]  # step nodes per status
     intended_reason: str = ""  # why pending steps could not be derived, if they could not
+    # A recorded step's payload page: this URL with STEP_PK replaced by the step's pk.
+    step_url: str = ""
 
 
 def step_status(row_status: str, run_status: str) -> str:
@@ -89,6 +90,11 @@ def build_tree(steps: Iterable, run_status: str, intended: Iterable[tuple[str, s
 
 def _node_at(top: dict[str, Node], step_id: str) -> Node:
     """The node for ``step_id``, creating it and its ancestors in insertion order."""
+    if "." not in step_id:  # a top-level step: most of a long run's steps
+        node = top.get(step_id)
+        if node is None:
+            node = top[step_id] = Node(key=step_id, path=step_id, depth=1)
+        return node
     level = top
     node = None
     parts = step_id.split(".")
@@ -105,7 +111,8 @@ def _finish(level: dict[str, Node]) -> list[Node]:
     among the places numbered siblings hold (named ids keep their place)."""
     nodes = list(level.values())
     for node in nodes:
-        node.children = _finish(node.by_key)
+        if node.by_key:  # most nodes are leaves: no recursion for them
+            node.children = _finish(node.by_key)
     numbered = iter(sorted((n for n in nodes if _is_number(n.key)), key=lambda n: int(n.key)))
     return [next(numbered) if _is_number(n.key) else n for n in nodes]
 

@@ -133,10 +133,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
     step_tree = tree.build_tree(steps, run.status, intended)
     step_tree.intended_reason = reason
     # One reverse() for all steps: thousands of them would cost a noticeable share of the page.
-    url_pattern = model_admin.page_url(request, "run_step", run.pk, "STEP_PK")
-    for node in step_tree.nodes:
-        if node.step_pk is not None:
-            node.url = url_pattern.replace("STEP_PK", str(node.step_pk))
+    step_tree.step_url = model_admin.page_url(request, "run_step", run.pk, "STEP_PK")
 
     error = display.decode_error(run.error_json)
     uncertain = [row.step_id for row in steps if row.status == Step.Status.STARTED]
