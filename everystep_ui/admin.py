@@ -10,6 +10,7 @@ import functools
 import uuid
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
@@ -17,6 +18,7 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext
 
 from everystep.models import Step, Workflow
 
@@ -184,6 +186,17 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return redirect(self.page_url(request, "run", run_id))
 
     # Columns
+
+    def action_checkbox(self, run):
+        # Django's own renders a form widget through the template engine, about
+        # a quarter of the list's time for 100 rows: the same markup, written directly.
+        label = format_html(gettext("Select this object for an action - {}"), str(run))
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            ACTION_CHECKBOX_NAME,
+            run.pk,
+            label,
+        )
 
     @admin.display(description="id", ordering="id")
     def short_id(self, run):

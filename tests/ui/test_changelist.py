@@ -50,6 +50,19 @@ def test_runs_newest_first_with_their_columns(admin_client, make_run):
     assert f'href="/admin/everystep/workflow/{first.pk}/run/"' in response.text
 
 
+def test_each_row_has_the_admins_own_action_checkbox(admin_client, make_run):
+    # WorkflowAdmin writes the checkbox without the form renderer, for speed; it
+    # must stay the markup Django's admin JavaScript and bulk actions expect.
+    from django.contrib import admin as django_admin
+
+    run = make_run(name="shop.<b>checkout</b>")
+    response = admin_client.get(LIST)
+    model_admin = django_admin.site.get_model_admin(Workflow)
+    expected = django_admin.ModelAdmin.action_checkbox(model_admin, run)
+    assert f'<td class="action-checkbox">{expected}</td>' in response.text
+    assert "shop.&lt;b&gt;checkout&lt;/b&gt;" in expected
+
+
 def test_the_list_does_not_count_the_whole_table_twice(admin_client, make_run):
     make_run()
     response = admin_client.get(LIST)
