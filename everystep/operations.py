@@ -271,50 +271,54 @@ def _using() -> str:
 def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
     """Claim up to ``limit`` ``scheduled`` runs, oldest first, for ``claimer``.
 
-    One short transaction. Concurrent claimers get disjoint sets: PostgreSQL
-    skips rows another claimer has locked, MariaDB/MySQL wait for its lock
-    (plain ``FOR UPDATE``), SQLite claims in one ``UPDATE ... RETURNING`` under
-    its single write lock. ``exclude``: runs this worker still has in flight (a
-    run requeued under a live worker must not be run twice by it at once).
+    Concurrent claimers get disjoint sets. PostgreSQL and SQLite claim in one
+    autocommit ``UPDATE ... RETURNING`` (one round trip): on PostgreSQL its
+    inner SELECT skips rows another claimer has locked, on SQLite the single
+    write lock serializes claimers. MariaDB/MySQL have no ``UPDATE ...
+    RETURNING``: a short transaction locks the rows (plain ``FOR UPDATE``, so a
+    concurrent claimer waits), then marks them. ``exclude``: runs this worker
+    still has in flight (a run requeued under a live worker must not be run
+    twice by it at once).
     """
     if limit <= 0:
         return []
     using = _using()
-    with transaction.atomic(using=using):
-        if connections[using].vendor == "sqlite":
-            runs = _claim_sqlite(using, claimer, limit, exclude)
-        else:
+    if connections[using].vendor in ("postgresql", "sqlite"):
+        sql, params = claim_statement(using, claimer, limit, exclude)
+        runs = list(Workflow.objects.using(using).raw(sql, params))
+    else:
+        with transaction.atomic(using=using):
             runs = list(claim_queryset(using, limit, exclude))
             if runs:
                 Workflow.objects.using(using).filter(id__in=[run.id for run in runs]).update(
                     status=Status.RUNNING, claimed_by=claimer
                 )
-            for run in runs:
-                run.status, run.claimed_by = Status.RUNNING, claimer
+        for run in runs:
+            run.status, run.claimed_by = Status.RUNNING, claimer
     return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
 
 
-def claim_queryset(using: str, limit: int, exclude=()):
-    """The locking read of a claim on PostgreSQL and MariaDB/MySQL (must run in a transaction)."""
-    skip_locked = connections[using].vendor == "postgresql"
-    runs = Workflow.objects.using(using).claimable()
-    if exclude:
-        runs = runs.exclude(id__in=list(exclude))
-    return runs.select_for_update(skip_locked=skip_locked)[:limit]
-
-
-def _claim_sqlite(using: str, claimer: str, limit: int, exclude) -> list[Workflow]:
+def claim_statement(using: str, claimer: str, limit: int, exclude=()) -> tuple[str, list]:
+    """The one-statement claim of PostgreSQL and SQLite, with its parameters."""
     conn = connections[using]
     excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
     not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
+    lock = " FOR UPDATE SKIP LOCKED" if conn.vendor == "postgresql" else ""
     columns = ", ".join(field.column for field in Workflow._meta.concrete_fields)
     sql = (
         "UPDATE everystep_workflow SET status = %s, claimed_by = %s WHERE id IN ("
         f"SELECT id FROM everystep_workflow WHERE status = %s {not_in}"
-        f"ORDER BY created_at LIMIT %s) RETURNING {columns}"
+        f"ORDER BY created_at LIMIT %s{lock}) RETURNING {columns}"
     )
-    params = [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
-    return list(Workflow.objects.using(using).raw(sql, params))
+    return sql, [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
+
+
+def claim_queryset(using: str, limit: int, exclude=()):
+    """The locking read of a claim on MariaDB/MySQL (must run in a transaction)."""
+    runs = Workflow.objects.using(using).claimable()
+    if exclude:
+        runs = runs.exclude(id__in=list(exclude))
+    return runs.select_for_update()[:limit]
 
 
 def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
