@@ -90,38 +90,43 @@ class Context:
     def next_id(self, everystep_id: str | None = None) -> str:
         """Advance this scope's counter and return the full dotpath of the call."""
         self._counter += 1
-        where = f"run {self.workflow_id}, scope {self.prefix or '(top)'}"
         if everystep_id is None:
-            return self._bounded(f"{self.prefix}{self._counter}", where)
+            return self._bounded(f"{self.prefix}{self._counter}")
         if not isinstance(everystep_id, str) or not everystep_id:
             raise EverystepError(
-                f"everystep_id must be a non-empty string, got {everystep_id!r} ({where})"
+                f"everystep_id must be a non-empty string, got {everystep_id!r} ({self._where()})"
             )
         if "." in everystep_id:
             raise EverystepError(
-                f"everystep_id {everystep_id!r} contains '.', which separates dotpath levels ({where})"
+                f"everystep_id {everystep_id!r} contains '.', which separates dotpath levels "
+                f"({self._where()})"
             )
         if everystep_id.isdigit():
             raise EverystepError(
-                f"everystep_id {everystep_id!r} is all digits and could collide with positional ids ({where})"
+                f"everystep_id {everystep_id!r} is all digits and could collide with positional ids "
+                f"({self._where()})"
             )
         if everystep_id in self._names:
             raise EverystepError(
-                f"everystep_id {everystep_id!r} is used twice in one scope ({where})"
+                f"everystep_id {everystep_id!r} is used twice in one scope ({self._where()})"
             )
-        step_id = self._bounded(f"{self.prefix}{everystep_id}", where)
+        step_id = self._bounded(f"{self.prefix}{everystep_id}")
         self._names.add(everystep_id)
         return step_id
 
-    @staticmethod
-    def _bounded(step_id: str, where: str) -> str:
+    def _bounded(self, step_id: str) -> str:
         if len(step_id) > MAX_STEP_ID_LENGTH:
             raise EverystepError(
                 f"step id {step_id[:60]}... is {len(step_id)} characters; the limit is "
-                f"{MAX_STEP_ID_LENGTH} for the full dotpath ({where}). "
+                f"{MAX_STEP_ID_LENGTH} for the full dotpath ({self._where()}). "
                 "Use a shorter everystep_id or nest fewer forks."
             )
         return step_id
+
+    def _where(self) -> str:
+        """Where a refused id was asked for, for the error message (built only then:
+        every step call passes here)."""
+        return f"run {self.workflow_id}, scope {self.prefix or '(top)'}"
 
     def child(self, prefix: str) -> "Context":
         return Context(self.state, prefix)
