@@ -49,13 +49,13 @@ def percentile(values, fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def start_worker(name: str, *, pool: int, poll: float, log, extra=(), module=None) -> subprocess.Popen:
+def start_worker(name: str, *, pool: int, poll: float, log, extra=()) -> subprocess.Popen:
     """A worker process on the benchmark database, as an operator starts one:
-    ``python -m django everystep_worker`` (or ``python -m MODULE`` for a bench wrapper)."""
+    ``python -m django everystep_worker``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings"}
-    command = ["-m", module] if module else ["-m", "django", "everystep_worker"]
     return subprocess.Popen(
-        [sys.executable, *command, "--name", name, "--pool", str(pool), "--poll", str(poll), *extra],
+        [sys.executable, "-m", "django", "everystep_worker", "--name", name, "--pool", str(pool),
+         "--poll", str(poll), *extra],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
     )
 

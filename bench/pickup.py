@@ -8,9 +8,8 @@ scheduling transaction's COMMIT returned (same machine, same clock). Two
 modes:
 
 - ``notify``: the default worker (``everystep_worker``), woken by LISTEN/NOTIFY;
-- ``poll``: the same ``Worker`` with ``listen=False``, so only its poll
-  (``--poll``, default 0.2 s) finds new runs. The management command has no
-  switch for this, so this module starts that worker itself (``--serve-worker``).
+- ``poll``: the same worker with ``--no-listen``, so only its poll
+  (``--poll``, default 0.2 s) finds new runs.
 
 Usage: python bench/pickup.py [--runs 200] [--poll 0.2] [--json FILE]
 """
@@ -64,11 +63,8 @@ def latencies(mode: str, runs: int, poll: float, gaps: tuple[float, float], rng)
     from everystep.models import Step
 
     log = open(LOGDIR / f"pickup-{mode}.log", "w")  # noqa: SIM115 - kept open for the child
-    if mode == "notify":
-        proc = start_worker("bench-pickup", pool=4, poll=poll, log=log)
-    else:
-        proc = start_worker("bench-pickup", pool=4, poll=poll, log=log, module="bench.pickup",
-                            extra=["--serve-worker"])
+    extra = [] if mode == "notify" else ["--no-listen"]
+    proc = start_worker("bench-pickup", pool=4, poll=poll, log=log, extra=extra)
     try:
         # Warm-up: the worker is up, has imported the workflow, and is idle again.
         wait_done([schedule_committed()[0] for _ in range(WARM_UP)])
@@ -87,26 +83,7 @@ def latencies(mode: str, runs: int, poll: float, gaps: tuple[float, float], rng)
     return [(started[run_id] - at) * 1000 for run_id, at in committed.items()]
 
 
-def serve_worker(argv) -> None:
-    """The worker of the ``poll`` mode: LISTEN off."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--serve-worker", action="store_true")
-    parser.add_argument("--name")
-    parser.add_argument("--pool", type=int)
-    parser.add_argument("--poll", type=float)
-    args = parser.parse_args(argv)
-    import django
-
-    django.setup()
-    from everystep.worker import Worker
-
-    Worker(pool_size=args.pool, poll=args.poll, name=args.name, listen=False).run()
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--serve-worker" in argv:
-        return serve_worker(argv)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--poll", type=float, default=0.2)
