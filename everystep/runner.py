@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
 from django.db import connections as db_connections
 
-from . import observability, registry, serde
+from . import observability, registry, serde, statements
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -74,7 +73,7 @@ def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
         )
         return _end(run, claimer, Status.FAILED, exc=error)
     state = RunState(run.id, run.name, claimer, leave_check)
-    state.prepared_statements = _prepared_statements()  # read once per run, not per step
+    state.prepared_statements = statements.prepared_statements()  # read once per run, not per step
     state.store = _load_outcomes(run.id)
     value, raised = None, None
     try:
@@ -87,12 +86,10 @@ def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
 
 
 def _load_outcomes(run_id) -> dict[str, Outcome]:
-    from .models import Step
-
-    rows = Step.objects.filter(workflow_id=run_id).values_list(
-        "step_id", "status", "name", "result", "error"
-    )
-    return {sid: Outcome(status, name, result, error) for sid, status, name, result, error in rows}
+    return {
+        step_id: Outcome(status, name, result, error)
+        for step_id, status, name, result, error in statements.load_outcomes(run_id)
+    }
 
 
 def _conclude(run, state: RunState, value, outcome) -> str | None:
@@ -251,81 +248,28 @@ class _StepRow:
         self.in_place = False  # True once a started row exists: complete it with an UPDATE
 
 
-_INSERT_SQL = (
-    "INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error) "
-    "SELECT %s, %s, %s, %s, %s, %s, %s, %s FROM everystep_workflow "
-    "WHERE id = %s AND status = 'running' AND claimed_by = %s"
-)
-
-
 def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -> None:
-    """One statement records the step and fences it on the run's owner.
-
-    A raw statement, because the ORM's per-row cost is more than the round
-    trip itself; the values are the JSON the model field would store.
-    """
+    """One statement records the step and fences it on the run's owner."""
     state = row.state
-    conn = db_connections["default"]
-    run_id = state.workflow_id if conn.features.has_native_uuid_field else state.workflow_id.hex
-
-    def as_json(value):
-        return None if value is None else conn.ops.adapt_json_value(value, None)
-
-    params = [
-        run_id,
+    recorded = statements.insert_step(
+        state.workflow_id,
+        state.claimer,
         row.step_id,
         row.spec.name,
-        as_json(row.args),
-        as_json(row.kwargs),
         status,
-        as_json(stored_result),
-        as_json(stored_error),
-        run_id,
-        state.claimer,
-    ]
-    if conn.vendor == "postgresql" and state.prepared_statements:
-        with conn.wrap_database_errors:
-            cursor = _prepared_cursor(conn)
-            cursor.execute(_INSERT_SQL, params, prepare=True)
-            recorded = cursor.rowcount
-    else:
-        with conn.cursor() as cursor:
-            cursor.execute(_INSERT_SQL, params)
-            recorded = cursor.rowcount
-    if recorded != 1:
+        args=row.args,
+        kwargs=row.kwargs,
+        result=stored_result,
+        error=stored_error,
+        prepared=state.prepared_statements,
+    )
+    if not recorded:
         state.halt_with(
             Fenced(
                 f"run {state.workflow_id} is no longer running under "
                 f"{state.claimer!r}; step {row.step_id} was not recorded"
             )
         )
-
-
-def _prepared_cursor(conn) -> psycopg.Cursor:
-    """A server-side-binding cursor kept on the Django connection.
-
-    Django's cursors bind on the client, so the server would parse and plan the
-    step insert on every step; prepared, it is planned once per connection.
-    """
-    conn.ensure_connection()
-    pg = conn.connection
-    cursor = getattr(conn, "_everystep_cursor", None)
-    if cursor is None or cursor.connection is not pg or cursor.closed:
-        if pg.prepare_threshold is None:
-            # Django connects with preparing off (None), which also ignores
-            # prepare=True. A threshold never reached keeps Django's own
-            # statements unprepared and honours ours.
-            pg.prepare_threshold = 2**31
-        cursor = conn._everystep_cursor = psycopg.Cursor(pg)
-    return cursor
-
-
-def _prepared_statements() -> bool:
-    """``EVERYSTEP_PREPARED_STATEMENTS = False`` for a pooler that cannot keep
-    prepared statements (PgBouncer in transaction mode before 1.21)."""
-    from django.conf import settings
-
-    return getattr(settings, "EVERYSTEP_PREPARED_STATEMENTS", True)
 
 
 def _claim_effect(row: _StepRow) -> None:

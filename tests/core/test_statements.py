@@ -1,0 +1,83 @@
+"""The engine's hot-path SQL (everystep.statements): rows it writes read the same
+through the ORM, and on PostgreSQL it is prepared unless the setting says not to."""
+
+import datetime as dt
+import uuid
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from everystep import statements
+from everystep.models import Step, Workflow
+from tests.core import workflows as w
+from tests.helpers import CLAIMER, run_workflow
+
+VALUE = {"when": dt.date(2026, 12, 2), "pair": (1, "a"), "id": uuid.UUID(int=7), "$es": "user data"}
+
+
+def prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db
+def test_a_run_ended_in_sql_reads_back_through_the_orm():
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    before = timezone.now()
+    assert statements.finish_run(run.id, CLAIMER, "completed", result=VALUE)
+    run.refresh_from_db()
+    assert run.status == "completed" and run.result == VALUE
+    # Stored as the ORM stores datetimes, so ORM filters on the column still match it.
+    ended = Workflow.objects.filter(completed_at__gte=before, completed_at__lte=timezone.now())
+    assert list(ended.values_list("pk", flat=True)) == [run.pk]
+
+
+@pytest.mark.django_db
+def test_finishing_is_fenced_on_status_and_claimer():
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by="someone-else")
+    assert not statements.finish_run(run.id, CLAIMER, "completed", result=1)
+    Workflow.objects.filter(pk=run.pk).update(claimed_by=CLAIMER, status="stopped")
+    assert not statements.finish_run(run.id, CLAIMER, "completed", result=1)
+    run.refresh_from_db()
+    assert run.status == "stopped" and run.result is None
+
+
+@pytest.mark.django_db
+def test_outcomes_written_by_the_orm_load_decoded():
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    Step.objects.create(workflow=run, step_id="1", name="a.b", status="done", result=VALUE)
+    error = {"type": "builtins.ValueError", "message": "no", "args": ["no"]}
+    Step.objects.create(workflow=run, step_id="2", name="a.c", status="failed", error=error)
+    assert sorted(statements.load_outcomes(run.id)) == [
+        ("1", "done", "a.b", VALUE, None),
+        ("2", "failed", "a.c", None, error),
+    ]
+
+
+def fresh_session():
+    """A new database session, so that no earlier test's prepared statements count."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_hot_path_is_prepared_on_postgresql():
+    fresh_session()
+    assert run_workflow(w.sequential, 3).status == "completed"
+    prepared = "\n".join(prepared_statements())
+    assert "INSERT INTO everystep_step" in prepared
+    assert "SELECT step_id, status, name, result, error FROM everystep_step" in prepared
+    assert "UPDATE everystep_workflow SET status = $1, result = $2" in prepared
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(EVERYSTEP_PREPARED_STATEMENTS=False)
+def test_prepared_statements_can_be_turned_off_for_a_pooler():
+    fresh_session()
+    run = run_workflow(w.sequential, 3)
+    assert run.status == "completed" and run.steps.count() == 3
+    assert prepared_statements() == []
