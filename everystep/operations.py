@@ -271,21 +271,23 @@ def _using() -> str:
 def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
     """Claim up to ``limit`` ``scheduled`` runs, oldest first, for ``claimer``.
 
-    Concurrent claimers get disjoint sets. PostgreSQL and SQLite claim in one
-    autocommit ``UPDATE ... RETURNING`` (one round trip): on PostgreSQL its
-    inner SELECT skips rows another claimer has locked, on SQLite the single
-    write lock serializes claimers. MariaDB/MySQL have no ``UPDATE ...
-    RETURNING``: a short transaction locks the rows (plain ``FOR UPDATE``, so a
-    concurrent claimer waits), then marks them. ``exclude``: runs this worker
-    still has in flight (a run requeued under a live worker must not be run
-    twice by it at once).
+    Concurrent claimers get disjoint sets. PostgreSQL claims in one autocommit
+    ``UPDATE ... RETURNING`` whose inner SELECT skips rows another claimer has
+    locked (a prepared statement, ``everystep.statements``); SQLite runs the
+    same statement without the lock clause, under its single write lock.
+    MariaDB/MySQL have no ``UPDATE ... RETURNING``: a short transaction locks
+    the rows (plain ``FOR UPDATE``, so a concurrent claimer waits), then marks
+    them. ``exclude``: runs this worker still has in flight (a run requeued
+    under a live worker must not be run twice by it at once).
     """
     if limit <= 0:
         return []
     using = _using()
-    if connections[using].vendor in ("postgresql", "sqlite"):
-        sql, params = claim_statement(using, claimer, limit, exclude)
-        runs = list(Workflow.objects.using(using).raw(sql, params))
+    vendor = connections[using].vendor
+    if vendor == "postgresql":
+        runs = statements.claim_runs(claimer, limit, exclude, using=using)
+    elif vendor == "sqlite":
+        runs = _claim_sqlite(using, claimer, limit, exclude)
     else:
         with transaction.atomic(using=using):
             runs = list(claim_queryset(using, limit, exclude))
@@ -298,19 +300,18 @@ def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
     return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
 
 
-def claim_statement(using: str, claimer: str, limit: int, exclude=()) -> tuple[str, list]:
-    """The one-statement claim of PostgreSQL and SQLite, with its parameters."""
+def _claim_sqlite(using: str, claimer: str, limit: int, exclude) -> list[Workflow]:
     conn = connections[using]
     excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
     not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
-    lock = " FOR UPDATE SKIP LOCKED" if conn.vendor == "postgresql" else ""
     columns = ", ".join(field.column for field in Workflow._meta.concrete_fields)
     sql = (
         "UPDATE everystep_workflow SET status = %s, claimed_by = %s WHERE id IN ("
         f"SELECT id FROM everystep_workflow WHERE status = %s {not_in}"
-        f"ORDER BY created_at LIMIT %s{lock}) RETURNING {columns}"
+        f"ORDER BY created_at LIMIT %s) RETURNING {columns}"
     )
-    return sql, [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
+    params = [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
+    return list(Workflow.objects.using(using).raw(sql, params))
 
 
 def claim_queryset(using: str, limit: int, exclude=()):

@@ -1,10 +1,10 @@
 """The engine's hot-path SQL: what every run and every step sends.
 
-Recording a step, loading a run's outcomes and ending a run are written as SQL
-rather than through the ORM: building an ORM query costs about 0.3 ms of CPU,
-about as much as the round trip it makes, and a worker sends one per step and
-three per run. On PostgreSQL they go out as prepared statements, planned once
-per connection. Values are stored exactly as ``EverystepJSONField`` stores
+Claiming a run (on PostgreSQL), recording a step, loading a run's outcomes and
+ending a run are written as SQL rather than through the ORM: building an ORM
+query costs about 0.3 ms of CPU, about as much as the round trip it makes, and
+a worker sends one per step and three per run. On PostgreSQL they go out as
+prepared statements, planned once per connection. Values are stored exactly as ``EverystepJSONField`` stores
 them (``serde.encode``, then the backend's JSON adaptation) and read back
 through the same field, so a row reads the same whichever path wrote it.
 
@@ -29,10 +29,43 @@ INSERT_STEP = (
     "WHERE id = %s AND status = 'running' AND claimed_by = %s"
 )
 LOAD_OUTCOMES = "SELECT step_id, status, name, result, error FROM everystep_step WHERE workflow_id = %s"
+RUN_COLUMNS = (
+    "id", "name", "args", "idempotency_key", "status", "claimed_by", "result", "error", "created_at",
+    "completed_at",
+)
+# PostgreSQL: the excluded ids go as one array, so that the statement text, and
+# with it the prepared plan, is the same whatever a worker has in flight.
+CLAIM_RUNS = (
+    "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) "
+    f"ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {', '.join(RUN_COLUMNS)}"
+)
 FINISH_RUN = (
     "UPDATE everystep_workflow SET status = %s, result = %s, error = %s, completed_at = %s "
     "WHERE id = %s AND status = 'running' AND claimed_by = %s"
 )
+
+
+def claim_runs(claimer: str, limit: int, exclude, *, using: str) -> list:
+    """PostgreSQL: claim up to ``limit`` scheduled runs in one statement, as
+    ``Workflow`` instances (in no particular order)."""
+    from .models import Workflow
+
+    conn = connections[using]
+    rows = _execute(conn, CLAIM_RUNS, [claimer, list(exclude), limit], prepared_statements(), fetch=True)
+    # psycopg's loaders already give uuids and aware datetimes; what is left is
+    # the JSON fields' own decoding, as Django's compiler would apply it.
+    fields = [Workflow._meta.get_field(name) for name in RUN_COLUMNS]
+    converters = [(i, field.get_db_converters(conn)) for i, field in enumerate(fields)]
+    converters = [(i, found) for i, found in converters if found]
+    runs = []
+    for row in rows:
+        values = list(row)
+        for i, found in converters:
+            for convert in found:
+                values[i] = convert(values[i], None, conn)
+        runs.append(Workflow.from_db(using, RUN_COLUMNS, values))
+    return runs
 
 
 def insert_step(

@@ -1,6 +1,8 @@
 """The claim query: disjoint under concurrency on every backend, served by the
 partial index on PostgreSQL, and a pinned number of queries."""
 
+import datetime
+import tempfile
 import threading
 import uuid
 from collections import Counter
@@ -8,7 +10,7 @@ from collections import Counter
 import pytest
 from django.db import connection, connections, transaction
 
-from everystep import operations
+from everystep import operations, statements
 from everystep.models import Workflow
 
 CHAIN = "tests.worker.workflows.chain"
@@ -50,10 +52,10 @@ def test_the_claim_query_uses_the_partial_index_on_postgresql():
     if connection.vendor != "postgresql":
         pytest.skip("the partial index is PostgreSQL's (MySQL gets a (status, created_at) index)")
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(50))
-    sql, params = operations.claim_statement("default", "w1", 4, exclude=[uuid.uuid4()])
+    params = ["w1", [uuid.uuid4()], 4]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(f"EXPLAIN {sql}", params)  # EXPLAIN without ANALYZE changes nothing
+        cursor.execute(f"EXPLAIN {statements.CLAIM_RUNS}", params)  # without ANALYZE: changes nothing
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "everystep_workflow_claim_idx" in plan
     assert "LockRows" in plan
@@ -62,11 +64,44 @@ def test_the_claim_query_uses_the_partial_index_on_postgresql():
 
 @pytest.mark.django_db(transaction=True)  # a real transaction, as in the worker: no savepoints
 def test_claim_query_count(django_assert_num_queries):
-    # PostgreSQL and SQLite claim in one autocommit UPDATE ... RETURNING; MariaDB/MySQL
-    # in a transaction (Django logs BEGIN and COMMIT as queries): the locking SELECT, then the UPDATE.
-    one_statement = connection.vendor in ("postgresql", "sqlite")
+    # SQLite claims in one autocommit UPDATE ... RETURNING; MariaDB/MySQL in a
+    # transaction (Django logs BEGIN and COMMIT as queries): the locking SELECT,
+    # then the UPDATE. PostgreSQL's claim bypasses Django's cursor: see below.
+    if connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL claims through a prepared statement: test_one_round_trip_on_postgresql")
+    one_statement = connection.vendor == "sqlite"
     with django_assert_num_queries(1 if one_statement else 3):  # an empty queue
         assert operations.claim_runs("w1", 4) == []
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(3))
     with django_assert_num_queries(1 if one_statement else 4):
         assert len(operations.claim_runs("w1", 4)) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_round_trip_on_postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("the prepared claim is PostgreSQL's")
+    args = [{"day": datetime.date(2026, 12, 2)}, (1, 2)]
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=args) for _ in range(4))
+    # The first claim on a connection (for each parameter type) also prepares the statement.
+    operations.claim_runs("w0", 1, exclude=[uuid.uuid4()])
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())  # libpq's log of every protocol message
+        try:
+            claimed = operations.claim_runs("w1", 4, exclude=[uuid.uuid4()])
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split("\t")[3].strip() for line in trace if line.split("\t")[1] == "F"]
+    assert len(claimed) == 3 and {run.claimed_by for run in claimed} == {"w1"}
+    # Whole rows, decoded as the ORM decodes them.
+    expected = Workflow.objects.get(id=claimed[0].id)
+    assert claimed[0].get_deferred_fields() == set()
+    assert [getattr(claimed[0], f.attname) for f in Workflow._meta.concrete_fields] == [
+        getattr(expected, f.attname) for f in Workflow._meta.concrete_fields
+    ]
+    assert claimed[0].args == args
+    # Each Sync (or simple Query) is one round trip; BEGIN/COMMIT would be more.
+    assert sum(message in ("Sync", "Query") for message in sent) == 1
+    assert "BEGIN" not in " ".join(sent)
