@@ -7,7 +7,7 @@ benchmark ran. This machine may be shared, so read medians, and run it twice
 before believing a MISS.
 
 1. step overhead: 1,000 trivial steps on one thread, as a share of raw psycopg INSERTs
-2. throughput: 2,000 runs of 10 steps, 2 worker processes x pool 8, next to DBOS Transact
+2. throughput: 2,000 runs of 10 steps, 2 worker processes x pool 8, next to DBOS Transact (median of 3 rounds)
 3. pickup latency: commit of schedule() to the first step, LISTEN/NOTIFY and polling only
 4. replay: resuming a run with 10,000 recorded steps
 5. UI at scale: the runs list and a 5,000-step run page with 1,000,000 runs loaded
@@ -44,7 +44,8 @@ def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
     return {
         "overhead": (["step_overhead.py", "--steps", "1000", "--rounds", "3" if quick else "9"], {}),
         "throughput": (
-            ["throughput.py", "--runs", "400" if quick else "2000", *(["--no-dbos"] if no_dbos else [])],
+            ["throughput.py", "--runs", "400" if quick else "2000", "--rounds", "1" if quick else "3",
+             *(["--no-dbos"] if no_dbos else [])],
             {},
         ),
         "pickup": (["pickup.py", "--runs", "50" if quick else "200"], {}),
