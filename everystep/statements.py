@@ -1,15 +1,16 @@
 """The engine's hot-path SQL: what every run and every step sends.
 
-Claiming a run (on PostgreSQL), recording a step, loading a run's outcomes and
+Claiming runs (on PostgreSQL), recording a step, loading a run's outcomes and
 ending a run are written as SQL rather than through the ORM: building an ORM
 query costs about 0.3 ms of CPU, about as much as the round trip it makes, and
 a worker sends one per step and three per run. On PostgreSQL they go out as
-prepared statements, planned once per connection. Values are stored exactly as ``EverystepJSONField`` stores
-them (``serde.encode``, then the backend's JSON adaptation) and read back
-through the same field, so a row reads the same whichever path wrote it.
+prepared statements, planned once per connection.
 
-Every write here is fenced: it matches only while the run is ``running``
-under the given claimer, and reports whether it did.
+Values are stored exactly as ``EverystepJSONField`` stores them
+(``serde.encode``, then the backend's JSON adaptation) and read back through
+the fields' own converters, so a row reads the same whichever path wrote it.
+Every write to a claimed run is fenced: it matches only while the run is
+``running`` under the given claimer, and reports whether it did.
 """
 
 from collections.abc import Iterator
