@@ -7,13 +7,14 @@ run writes nothing. This compares it with a plain ``INSERT ... VALUES`` of the
 same row: single-row autocommit statements, per-statement
 latency medians (plain and fenced alternate one by one), three ways:
 
-- ``runner``: as the runner issues it on PostgreSQL, a psycopg cursor with
-  server-side binding and ``prepare=True`` on Django's connection. Django
-  connects with ``prepare_threshold=None``, which disables prepared statements
-  in psycopg (``prepare=True`` included), so the statement is planned each time;
-- ``django``: Django's cursor (client-side binding), planned each time;
-- ``prepared``: the runner's way with the connection's ``prepare_threshold`` set, so
-  PostgreSQL plans the statement once per connection.
+- ``unprepared``: a psycopg cursor with server-side binding and
+  ``prepare=True`` on Django's connection as Django leaves it: Django connects
+  with ``prepare_threshold=None``, which disables prepared statements in
+  psycopg (``prepare=True`` included), so the statement is planned each time;
+- ``django``: Django's cursor (client-side binding), planned each time (the
+  runner's way with ``EVERYSTEP_PREPARED_STATEMENTS = False``);
+- ``prepared``: the runner's way (``everystep.statements``): the connection's
+  ``prepare_threshold`` set, so PostgreSQL plans the statement once per connection.
 
 Usage: python bench/fencing.py [--steps 2000] [--rounds 5] [--background-runs 10000]
 """
@@ -62,7 +63,7 @@ def row_params(run, step_id: str) -> list:
     ]
 
 
-MODES = ("runner", "django", "prepared")
+MODES = ("unprepared", "django", "prepared")
 
 
 def measure(run, mode: str, label: str, steps: int) -> tuple[list[float], list[float]]:
@@ -71,7 +72,7 @@ def measure(run, mode: str, label: str, steps: int) -> tuple[list[float], list[f
     import psycopg
     from django.db import connection
 
-    from everystep.runner import _INSERT_SQL as FENCED_SQL
+    from everystep.statements import INSERT_STEP as FENCED_SQL
 
     connection.ensure_connection()
     connection.connection.prepare_threshold = 0 if mode == "prepared" else None
