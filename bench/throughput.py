@@ -160,7 +160,8 @@ def dbos_round(runs: int, processes: int, concurrency: int, poll: float) -> dict
 
 
 def median_round(rounds: list[dict]) -> dict:
-    """The round with the median steps/s (the middle one of an odd count), with all rounds' figures."""
+    """The round with the median steps/s (of an even count, the lower of the two
+    middle ones), with every round's steps/s."""
     ordered = sorted(rounds, key=lambda r: r["steps_per_s"])
     return {**ordered[(len(ordered) - 1) // 2], "rounds_steps_per_s": [r["steps_per_s"] for r in rounds]}
 
@@ -177,6 +178,8 @@ def main(argv=None):
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     setup()
     our_rounds, peer_rounds = [], []
     peer = {"error": "skipped (--no-dbos)"} if args.no_dbos else {}
