@@ -13,7 +13,8 @@ Every write to a claimed run is fenced: it matches only while the run is
 ``running`` under the given claimer, and reports whether it did.
 """
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -54,19 +55,24 @@ def claim_runs(claimer: str, limit: int, exclude, *, using: str) -> list:
 
     conn = connections[using]
     rows = _execute(conn, CLAIM_RUNS, [claimer, list(exclude), limit], prepared_statements(), fetch=True)
-    # psycopg's loaders already give uuids and aware datetimes; what is left is
-    # the JSON fields' own decoding, as Django's compiler would apply it.
-    fields = [Workflow._meta.get_field(name) for name in RUN_COLUMNS]
-    converters = [(i, field.get_db_converters(conn)) for i, field in enumerate(fields)]
-    converters = [(i, found) for i, found in converters if found]
     runs = []
     for row in rows:
         values = list(row)
-        for i, found in converters:
-            for convert in found:
-                values[i] = convert(values[i], None, conn)
+        for i, decode in _run_decoders():
+            values[i] = decode(values[i], None, conn)
         runs.append(Workflow.from_db(using, RUN_COLUMNS, values))
     return runs
+
+
+@functools.cache
+def _run_decoders() -> list[tuple[int, Callable]]:
+    """The columns of ``RUN_COLUMNS`` that need their field's ``from_db_value``:
+    psycopg's loaders already give uuids and aware datetimes, so on PostgreSQL
+    that is the JSON fields, as Django's compiler would apply it."""
+    from .models import Workflow
+
+    fields = [Workflow._meta.get_field(name) for name in RUN_COLUMNS]
+    return [(i, field.from_db_value) for i, field in enumerate(fields) if hasattr(field, "from_db_value")]
 
 
 def insert_step(
