@@ -7,6 +7,7 @@ or unset for SQLite (a file, so that worker threads and processes share it).
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -54,10 +55,17 @@ def database_from_url(url: str | None) -> dict:
         "HOST": parsed.hostname or "",
         "PORT": str(parsed.port or ""),
     }
+    # The test database gets a name of its own per test run, so that two runs
+    # against one server (two developers, two checkouts) never share or drop
+    # each other's database; pytest-django drops it at the end.
+    config["TEST"] = {"NAME": f"test_{config['NAME']}_{_RUN_SUFFIX}"}
     if engine.endswith("mysql"):
         config["OPTIONS"] = {"charset": "utf8mb4"}
-        config["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+        config["TEST"].update(CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci")
     return config
+
+
+_RUN_SUFFIX = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
 
 DATABASES = {"default": database_from_url(os.environ.get("EVERYSTEP_TEST_DATABASE_URL"))}
