@@ -11,6 +11,8 @@ DATABASE_URL = os.environ.get(
     "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench"
 )
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+EVERYSTEP_DATABASE = "default"  # one database, whatever layout the test settings chose
+DATABASE_ROUTERS = []
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 # Django's connection pool (psycopg-pool): a worker's pool threads close their

@@ -2,7 +2,9 @@
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections, router
+
+from . import database
 
 SUPPORTED_VENDORS = {"postgresql", "mysql", "sqlite"}
 
@@ -24,9 +26,40 @@ def check_database_vendor(app_configs, databases=None, **kwargs):
 
 
 @checks.register()
+def check_everystep_database(app_configs, **kwargs):
+    """``EVERYSTEP_DATABASE`` names a configured alias, and ``migrate`` puts the
+    tables there only."""
+    alias = database.alias()
+    if alias not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"EVERYSTEP_DATABASE is {alias!r}, which is not an alias of DATABASES "
+                f"({', '.join(settings.DATABASES)}).",
+                hint="Set EVERYSTEP_DATABASE to the alias that holds everystep's tables.",
+                id="everystep.E003",
+            )
+        ]
+    migrates_default = router.allow_migrate(DEFAULT_DB_ALIAS, "everystep", model_name="workflow")
+    if alias != DEFAULT_DB_ALIAS and migrates_default:
+        return [
+            checks.Warning(
+                f"EVERYSTEP_DATABASE is {alias!r}, but migrate would also create everystep's "
+                f"tables in {DEFAULT_DB_ALIAS!r}, where nothing uses them.",
+                hint=(
+                    "Add 'everystep.routers.EverystepRouter' to DATABASE_ROUTERS, or make your "
+                    "router's allow_migrate keep the app 'everystep' on that alias only."
+                ),
+                id="everystep.W002",
+            )
+        ]
+    return []
+
+
+@checks.register()
 def check_sqlite_concurrency(app_configs, **kwargs):
     """A worker and the web process share an SQLite file only with WAL and a busy timeout."""
-    db = settings.DATABASES.get("default", {})
+    alias = database.alias()
+    db = settings.DATABASES.get(alias, {})
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return []
     options = db.get("OPTIONS", {})
@@ -37,8 +70,9 @@ def check_sqlite_concurrency(app_configs, **kwargs):
             "The SQLite database is not in WAL mode: a worker and the web process "
             "will see 'database is locked' errors.",
             hint=(
-                "Set DATABASES['default']['OPTIONS'] = {'init_command': "
-                "'PRAGMA journal_mode=WAL;', 'transaction_mode': 'IMMEDIATE', 'timeout': 20}."
+                f"Set DATABASES[{alias!r}]['OPTIONS'] = "
+                "{'init_command': 'PRAGMA journal_mode=WAL;', 'transaction_mode': 'IMMEDIATE', "
+                "'timeout': 20}."
             ),
             id="everystep.W001",
         )

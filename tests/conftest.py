@@ -1,9 +1,25 @@
 import pytest
+from django.conf import settings
 
 from everystep import runner
+
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
 
 
 @pytest.fixture(autouse=True)
 def _no_fault_hook():
     yield
     runner.fault = None
+
+
+def pytest_collection_modifyitems(items):
+    """With everystep's tables in a database of their own (EVERYSTEP_TEST_SPLIT),
+    every test that uses a database may use both."""
+    if len(settings.DATABASES) == 1:
+        return
+    for item in items:
+        marker = item.get_closest_marker("django_db")
+        if marker is None and not DB_FIXTURES & set(item.fixturenames):
+            continue
+        args, kwargs = (marker.args, marker.kwargs) if marker else ((), {})
+        item.add_marker(pytest.mark.django_db(*args, **{**kwargs, "databases": "__all__"}), append=False)

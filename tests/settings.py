@@ -3,6 +3,13 @@
 ``EVERYSTEP_TEST_DATABASE_URL`` selects the backend:
 ``postgres://user@host:port/name``, ``mysql://user:password@host:port/name``,
 or unset for SQLite (a file, so that worker threads and processes share it).
+
+``EVERYSTEP_TEST_SPLIT=1`` keeps everystep's tables in a second database of
+the same backend (alias ``engine``, ``EVERYSTEP_DATABASE``), and the
+project's tables (auth, sessions, admin) in ``default``, as a project that
+keeps its runs apart would. ``EVERYSTEP_TEST_ENGINE_DATABASE_URL`` names it
+(worker subprocesses are given it); by default it is the first database's name
+with ``_engine`` appended.
 """
 
 import os
@@ -24,10 +31,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def database_from_url(url: str | None) -> dict:
-    if not url:
+    if not url or url.startswith("sqlite:"):
         sqlite_dir = os.environ.get("EVERYSTEP_TEST_SQLITE_DIR", tempfile.gettempdir())
         # A worker subprocess started by a test is given the test's file by name.
-        name = os.environ.get("EVERYSTEP_TEST_SQLITE_NAME") or str(
+        name = (url or "")[len("sqlite:///"):] or os.environ.get("EVERYSTEP_TEST_SQLITE_NAME") or str(
             Path(sqlite_dir) / f"everystep-test-{os.getpid()}.sqlite3"
         )
         return {
@@ -69,6 +76,18 @@ _RUN_SUFFIX = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
 
 DATABASES = {"default": database_from_url(os.environ.get("EVERYSTEP_TEST_DATABASE_URL"))}
+
+if os.environ.get("EVERYSTEP_TEST_SPLIT"):
+    _engine_url = os.environ.get("EVERYSTEP_TEST_ENGINE_DATABASE_URL")
+    if not _engine_url:
+        _first = DATABASES["default"]
+        if _first["ENGINE"].endswith("sqlite3"):
+            _engine_url = "sqlite:///" + _first["NAME"].replace(".sqlite3", "-engine.sqlite3")
+        else:
+            _engine_url = os.environ["EVERYSTEP_TEST_DATABASE_URL"] + "_engine"
+    DATABASES["engine"] = database_from_url(_engine_url)
+    EVERYSTEP_DATABASE = "engine"
+    DATABASE_ROUTERS = ["everystep.routers.EverystepRouter"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",

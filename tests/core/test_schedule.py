@@ -3,8 +3,9 @@ import sys
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
+from everystep import database
 from everystep.api import schedule
 from everystep.errors import EverystepError
 from everystep.models import Workflow
@@ -40,7 +41,7 @@ def test_schedule_refuses_unserializable_or_ill_fitting_arguments():
 
 @pytest.mark.django_db(transaction=True)
 def test_schedule_is_rolled_back_with_the_callers_transaction():
-    with pytest.raises(RuntimeError), transaction.atomic():
+    with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
         schedule(w.sequential, 1)
         raise RuntimeError("the caller's view failed")
     assert not Workflow.objects.exists()
@@ -60,12 +61,12 @@ def test_idempotency_key_returns_the_existing_run():
 def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactions():
     callers = 6
     # SQLite's BEGIN IMMEDIATE already serializes the callers: no barrier inside there
-    barrier = threading.Barrier(callers if connection.vendor != "sqlite" else 1, timeout=30)
+    barrier = threading.Barrier(callers if database.connection().vendor != "sqlite" else 1, timeout=30)
     ids, errors = [], []
 
     def caller():
         try:
-            with transaction.atomic():
+            with transaction.atomic(using=database.alias()):
                 barrier.wait()
                 run = schedule(w.sequential, 1, idempotency_key="race")
                 # the caller's transaction is still usable after losing the race
@@ -74,7 +75,7 @@ def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactio
         except Exception as exc:  # reported below
             errors.append(exc)
         finally:
-            connection.close()
+            database.connection().close()
 
     threads = [threading.Thread(target=caller) for _ in range(callers)]
     for thread in threads:
@@ -89,7 +90,7 @@ def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactio
 def test_importing_everystep_imports_no_models():
     code = (
         "import sys, everystep\n"
-        "from everystep import step, workflow, parallel, schedule, Terminal\n"
+        "from everystep import database, step, workflow, parallel, schedule, Terminal\n"
         "from everystep import context, serde, errors\n"
         "assert 'everystep.models' not in sys.modules, 'models imported'\n"
         "assert 'django.apps' not in sys.modules or True\n"

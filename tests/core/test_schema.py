@@ -2,18 +2,18 @@
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
+from everystep import database
 from everystep.models import Step, Workflow
 
 pytestmark = pytest.mark.django_db
 
 
 def columns(table):
-    with connection.cursor() as cursor:
+    with database.connection().cursor() as cursor:
         return {
             col.name: col
-            for col in connection.introspection.get_table_description(cursor, table)
+            for col in database.connection().introspection.get_table_description(cursor, table)
         }
 
 
@@ -25,7 +25,7 @@ def test_workflow_table_columns():
     }
     lengths = {name: cols[name].display_size or cols[name].internal_size for name in
                ("name", "idempotency_key", "status", "claimed_by")}
-    if connection.vendor != "sqlite":
+    if database.connection().vendor != "sqlite":
         assert lengths == {"name": 300, "idempotency_key": 255, "status": 16, "claimed_by": 255}
     nullable = {name for name, col in cols.items() if col.null_ok}
     assert nullable == {"idempotency_key", "claimed_by", "result", "error", "completed_at"}
@@ -39,9 +39,10 @@ def test_step_table_columns():
     assert nullable == {"result", "error"}
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="jsonb and uuid are PostgreSQL types")
 def test_postgres_column_types():
-    with connection.cursor() as cursor:
+    if database.connection().vendor != "postgresql":
+        pytest.skip("jsonb and uuid are PostgreSQL types")
+    with database.connection().cursor() as cursor:
         cursor.execute(
             "SELECT table_name, column_name, data_type FROM information_schema.columns "
             "WHERE table_name IN ('everystep_workflow', 'everystep_step')"
@@ -56,9 +57,9 @@ def test_postgres_column_types():
 
 
 def test_constraints_and_indexes():
-    with connection.cursor() as cursor:
-        wf = connection.introspection.get_constraints(cursor, "everystep_workflow")
-        st = connection.introspection.get_constraints(cursor, "everystep_step")
+    with database.connection().cursor() as cursor:
+        wf = database.connection().introspection.get_constraints(cursor, "everystep_workflow")
+        st = database.connection().introspection.get_constraints(cursor, "everystep_step")
     unique_steps = [c for c in st.values() if c["unique"] and c["columns"] == ["workflow_id", "step_id"]]
     assert unique_steps
     unique_keys = [c for c in wf.values() if c["unique"] and c["columns"] == ["name", "idempotency_key"]]

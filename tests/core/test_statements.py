@@ -5,11 +5,10 @@ import datetime as dt
 import uuid
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from everystep import statements
+from everystep import database, statements
 from everystep.models import Step, Workflow
 from tests.core import workflows as w
 from tests.helpers import CLAIMER, run_workflow
@@ -18,7 +17,7 @@ VALUE = {"when": dt.date(2026, 12, 2), "pair": (1, "a"), "id": uuid.UUID(int=7),
 
 
 def prepared_statements() -> list[str]:
-    with connection.cursor() as cursor:
+    with database.connection().cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         return [row[0] for row in cursor.fetchall()]
 
@@ -59,9 +58,9 @@ def test_outcomes_written_by_the_orm_load_decoded():
 
 def fresh_session():
     """A new database session, so that no earlier test's prepared statements count."""
-    if connection.vendor != "postgresql":
+    if database.connection().vendor != "postgresql":
         pytest.skip("prepared statements are PostgreSQL's")
-    connection.close()
+    database.connection().close()
 
 
 @pytest.mark.django_db(transaction=True)

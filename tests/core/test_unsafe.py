@@ -3,9 +3,8 @@ import threading
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
 
-from everystep import operations, runner
+from everystep import database, operations, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
 from tests.core import workflows as w
@@ -122,7 +121,7 @@ def test_racing_claimant_cannot_run_the_effect_twice():
         try:
             results.append(runner.execute(Workflow.objects.get(id=run.id), CLAIMER))
         finally:
-            connection.close()
+            database.connection().close()
 
     spec = w.charge.__everystep__
     object.__setattr__(spec, "func", slow_charge)

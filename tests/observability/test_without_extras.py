@@ -74,7 +74,7 @@ def test_runs_work_and_nothing_is_imported_without_the_extras(tmp_path):
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("EVERYSTEP_TEST_DATABASE_URL", "SENTRY_", "OTEL_"))
+        if not key.startswith(("EVERYSTEP_TEST_", "SENTRY_", "OTEL_"))  # its own SQLite file
     }
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",

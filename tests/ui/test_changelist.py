@@ -5,10 +5,10 @@ import re
 import uuid
 
 import pytest
-from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from everystep import database
 from everystep.models import Step, Workflow
 from everystep_ui import paginators
 from everystep_ui.admin import id_prefix_range
@@ -73,7 +73,7 @@ def test_the_list_does_not_count_the_whole_table_twice(admin_client, make_run):
 def test_query_count_does_not_grow_with_rows(admin_client, make_run, django_assert_max_num_queries):
     make_run(steps=[{"step_id": "1"}])
     admin_client.get(LIST)  # warm caches (content types, permissions)
-    with CaptureQueriesContext(connection) as few:
+    with CaptureQueriesContext(database.connection()) as few:
         admin_client.get(LIST)
 
     for index in range(40):
@@ -85,13 +85,13 @@ def test_query_count_does_not_grow_with_rows(admin_client, make_run, django_asse
 
 def test_the_list_query_leaves_payload_columns_out(admin_client, make_run):
     make_run(args=[{"big": "x" * 1000}])
-    with CaptureQueriesContext(connection) as queries:
+    with CaptureQueriesContext(database.connection()) as queries:
         admin_client.get(LIST)
-    table = connection.ops.quote_name("everystep_workflow")
+    table = database.connection().ops.quote_name("everystep_workflow")
     run_queries = [q["sql"] for q in queries.captured_queries if f"FROM {table}" in q["sql"]]
     assert run_queries
     for column in ("args", "result", "error"):
-        selected = f"{table}.{connection.ops.quote_name(column)}"
+        selected = f"{table}.{database.connection().ops.quote_name(column)}"
         assert not any(selected in sql for sql in run_queries)
 
 
@@ -254,7 +254,7 @@ def test_paginator_uses_the_estimate_only_for_a_big_unfiltered_table(monkeypatch
 @pytest.mark.django_db
 def test_estimate_is_postgresql_only():
     estimate = paginators.estimated_row_count(Workflow.objects.all())
-    if connection.vendor == "postgresql":
+    if database.connection().vendor == "postgresql":
         assert estimate is None or estimate >= 0
     else:
         assert estimate is None

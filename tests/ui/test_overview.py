@@ -5,10 +5,10 @@ import random
 import re
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from everystep import database
 from everystep.models import Workflow
 from everystep_ui import overview
 
@@ -150,7 +150,7 @@ STATUS_MIX = ["completed"] * 90 + ["failed"] * 5 + ["stopped"] * 2 + ["blocked",
 
 @pytest.mark.django_db(transaction=True)
 def test_the_overview_queries_use_indexes_on_a_big_table():
-    if connection.vendor != "postgresql":
+    if database.connection().vendor != "postgresql":
         pytest.skip("the plans checked are PostgreSQL's")
     rng = random.Random(7)
     now = timezone.now()
@@ -171,7 +171,7 @@ def test_the_overview_queries_use_indexes_on_a_big_table():
             )
         )
     Workflow.objects.bulk_create(runs, batch_size=2_000)
-    with connection.cursor() as cursor:
+    with database.connection().cursor() as cursor:
         # A real table is vacuumed by autovacuum: the visibility map lets the
         # counts be read from the status index alone.
         cursor.execute("VACUUM ANALYZE everystep_workflow")

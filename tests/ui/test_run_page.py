@@ -6,11 +6,10 @@ import sys
 import types
 
 import pytest
-from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from everystep import registry
+from everystep import database, registry
 
 from .conftest import CHECKOUT, HTMX
 
@@ -159,21 +158,21 @@ def test_step_ids_nest_as_forks_branches_and_steps(admin_client, make_run):
 
 def test_the_tree_query_leaves_step_payloads_out(admin_client, make_run):
     run = make_run(steps=[{"step_id": "1", "args": ["x" * 10_000], "result": "y" * 10_000}])
-    with CaptureQueriesContext(connection) as queries:
+    with CaptureQueriesContext(database.connection()) as queries:
         response = admin_client.get(run_page(run))
     assert "x" * 100 not in response.text
-    table = connection.ops.quote_name("everystep_step")
+    table = database.connection().ops.quote_name("everystep_step")
     step_queries = [q["sql"] for q in queries.captured_queries if f"FROM {table}" in q["sql"]]
     assert step_queries
     for column in ("args", "kwargs", "result", "error"):
-        selected = f"{table}.{connection.ops.quote_name(column)}"
+        selected = f"{table}.{database.connection().ops.quote_name(column)}"
         assert not any(selected in sql for sql in step_queries)
 
 
 def test_the_page_costs_the_same_queries_for_one_step_or_many(admin_client, make_run):
     def queries_for(run):
         admin_client.get(run_page(run))
-        with CaptureQueriesContext(connection) as queries:
+        with CaptureQueriesContext(database.connection()) as queries:
             admin_client.get(run_page(run))
         return len(queries.captured_queries)
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,16 +28,23 @@ def vendor() -> str:
 
 
 def database_env() -> dict:
-    """Environment naming the *test* database, for a worker subprocess."""
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return {"EVERYSTEP_TEST_SQLITE_NAME": str(settings["NAME"])}
-    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    """Environment naming the *test* databases, for a worker subprocess."""
+    env = {"EVERYSTEP_TEST_DATABASE_URL": database_url(connections["default"])}
+    if "engine" in connections:  # EVERYSTEP_TEST_SPLIT: everystep's tables in their own database
+        env["EVERYSTEP_TEST_ENGINE_DATABASE_URL"] = database_url(connections["engine"])
+    return env
+
+
+def database_url(conn) -> str:
+    settings = conn.settings_dict
+    if conn.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[conn.vendor]
     user = quote(settings["USER"] or "")
     password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
     host = settings["HOST"] or "127.0.0.1"
     port = f":{settings['PORT']}" if settings["PORT"] else ""
-    return {"EVERYSTEP_TEST_DATABASE_URL": f"{scheme}://{user}{password}@{host}{port}/{settings['NAME']}"}
+    return f"{scheme}://{user}{password}@{host}{port}/{settings['NAME']}"
 
 
 class WorkerProcess:

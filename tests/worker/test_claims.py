@@ -8,9 +8,9 @@ import uuid
 from collections import Counter
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
-from everystep import claims
+from everystep import claims, database
 from everystep.models import Workflow
 
 CHAIN = "tests.worker.workflows.chain"
@@ -49,11 +49,11 @@ def test_concurrent_claimers_take_disjoint_sets():
 
 @pytest.mark.django_db
 def test_the_claim_query_uses_the_partial_index_on_postgresql():
-    if connection.vendor != "postgresql":
+    if database.connection().vendor != "postgresql":
         pytest.skip("the partial index is PostgreSQL's (MySQL gets a (status, created_at) index)")
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(50))
     params = ["w1", [uuid.uuid4()], 4]
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(using=database.alias()), database.connection().cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(f"EXPLAIN {claims.POSTGRESQL}", params)  # without ANALYZE: changes nothing
         plan = "\n".join(row[0] for row in cursor.fetchall())
@@ -67,25 +67,26 @@ def test_claim_query_count(django_assert_num_queries):
     # SQLite claims in one autocommit UPDATE ... RETURNING; MariaDB/MySQL in a
     # transaction (Django logs BEGIN and COMMIT as queries): the locking SELECT,
     # then the UPDATE. PostgreSQL's claim bypasses Django's cursor: see below.
-    if connection.vendor == "postgresql":
+    if database.connection().vendor == "postgresql":
         pytest.skip("PostgreSQL claims through a prepared statement: test_one_round_trip_on_postgresql")
-    one_statement = connection.vendor == "sqlite"
-    with django_assert_num_queries(1 if one_statement else 3):  # an empty queue
+    engine_db = database.connection()
+    one_statement = engine_db.vendor == "sqlite"
+    with django_assert_num_queries(1 if one_statement else 3, connection=engine_db):  # an empty queue
         assert claims.claim_runs("w1", 4) == []
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(3))
-    with django_assert_num_queries(1 if one_statement else 4):
+    with django_assert_num_queries(1 if one_statement else 4, connection=engine_db):
         assert len(claims.claim_runs("w1", 4)) == 3
 
 
 @pytest.mark.django_db(transaction=True)
 def test_one_round_trip_on_postgresql():
-    if connection.vendor != "postgresql":
+    if database.connection().vendor != "postgresql":
         pytest.skip("the prepared claim is PostgreSQL's")
     args = [{"day": datetime.date(2026, 12, 2)}, (1, 2)]
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=args) for _ in range(4))
     # The first claim on a connection (for each parameter type) also prepares the statement.
     claims.claim_runs("w0", 1, exclude=[uuid.uuid4()])
-    pgconn = connection.connection.pgconn
+    pgconn = database.connection().connection.pgconn
     with tempfile.TemporaryFile("w+") as trace:
         pgconn.trace(trace.fileno())  # libpq's log of every protocol message
         try:

@@ -1,0 +1,99 @@
+"""EVERYSTEP_DATABASE: everystep's tables in a database of their own, the
+project's tables in ``default``. The suite runs whole in that layout with
+``EVERYSTEP_TEST_SPLIT=1`` (CI does, on PostgreSQL): everystep's tables then
+do not exist in ``default`` at all, so any engine or UI query sent there fails.
+The tests here check the layout itself, the transaction rule and the checks."""
+
+import pytest
+from django.conf import settings  # noqa: F401  (read by the skipif condition)
+from django.contrib.admin.models import LogEntry
+from django.db import connections, transaction
+from django.test import override_settings
+
+from everystep import checks, database, operations
+from everystep.api import schedule
+from everystep.models import Workflow
+from everystep.worker import Worker
+from tests.core import workflows as w
+
+split_only = pytest.mark.skipif(
+    "'engine' not in settings.DATABASES",
+    reason="everystep's tables are in 'default' here: run with EVERYSTEP_TEST_SPLIT=1",
+)
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+
+def ids(errors) -> list[str]:
+    return [error.id for error in errors]
+
+
+def test_an_unknown_alias_is_a_check_error():
+    with override_settings(EVERYSTEP_DATABASE="jobs"):
+        errors = checks.check_everystep_database(None)
+    assert ids(errors) == ["everystep.E003"]
+    assert "'jobs'" in errors[0].msg
+
+
+def test_the_test_settings_pass_the_checks():
+    assert checks.check_everystep_database(None) == []
+
+
+@split_only
+def test_migrating_everystep_into_default_too_is_a_check_warning():
+    with override_settings(DATABASE_ROUTERS=[]):
+        errors = checks.check_everystep_database(None)
+    assert ids(errors) == ["everystep.W002"]
+    assert "everystep.routers.EverystepRouter" in errors[0].hint
+
+
+def tables(alias: str) -> set[str]:
+    with connections[alias].cursor() as cursor:
+        return set(connections[alias].introspection.table_names(cursor))
+
+
+@split_only
+def test_everystep_tables_live_only_in_their_database():
+    assert {"everystep_workflow", "everystep_step"} <= tables("engine")
+    assert not {"everystep_workflow", "everystep_step"} & tables("default")
+    assert "auth_user" in tables("default") and "auth_user" not in tables("engine")
+
+
+@split_only
+def test_a_run_goes_from_schedule_to_its_end_in_the_engine_database():
+    with transaction.atomic(using=database.alias()):
+        run = schedule(w.three_steps)
+    Worker(pool_size=2, poll=0.05, name="split", install_signals=False, stop_when_idle=True).run()
+    done = Workflow.objects.using("engine").get(id=run.id)
+    assert (done.status, done.result) == ("completed", ["a", "b", "c"])
+    assert done.steps.count() == 3
+
+
+@split_only
+def test_schedule_joins_a_transaction_on_the_engine_database_only():
+    with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
+        schedule(w.three_steps)
+        raise RuntimeError("rolled back")
+    assert not Workflow.objects.exists()
+    # A transaction on the project's database does not cover everystep's insert.
+    with pytest.raises(RuntimeError), transaction.atomic(using="default"):
+        schedule(w.three_steps)
+        raise RuntimeError("rolled back")
+    assert Workflow.objects.count() == 1
+
+
+@split_only
+def test_an_operator_action_writes_the_run_there_and_its_audit_trail_in_default(admin_client):
+    run = schedule(w.three_steps)
+    response = admin_client.post(
+        f"/admin/everystep/workflow/{run.id}/run/stop/", {"seen_status": "scheduled"}
+    )
+    assert response.status_code == 302
+    assert Workflow.objects.get(id=run.id).status == "stopped"
+    assert LogEntry.objects.using("default").filter(object_id=str(run.id)).exists()
+
+
+@split_only
+def test_transitions_reach_the_engine_database():
+    run = schedule(w.three_steps)
+    operations.stop_run(run.id, actor="ops")
+    assert Workflow.objects.using("engine").get(id=run.id).status == "stopped"
