@@ -70,6 +70,15 @@ def test_constraints_and_indexes():
     assert fk and fk[0]["foreign_key"][0] == "everystep_workflow"
 
 
+def test_steps_carry_no_index_the_unique_one_already_serves():
+    """(workflow_id) alone would be one more index write per recorded step."""
+    with database.connection().cursor() as cursor:
+        st = database.connection().introspection.get_constraints(cursor, "everystep_step")
+    indexes = sorted(tuple(c["columns"]) for c in st.values() if c["index"] or c["unique"])
+    assert ("workflow_id",) not in indexes
+    assert ("workflow_id", "step_id") in indexes
+
+
 def test_related_name_and_cascade():
     run = Workflow.objects.create(name="x", args=[])
     Step.objects.create(workflow=run, step_id="1", name="s", status="done")
