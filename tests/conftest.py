@@ -2,6 +2,7 @@ import pytest
 from django.conf import settings
 
 from everystep import runner
+from tests.scratch import scratch_modules  # noqa: F401  (a fixture for every test package)
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
 
