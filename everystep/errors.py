@@ -12,6 +12,16 @@ class WorkflowCodeError(EverystepError):
     """The workflow's code no longer matches what the run recorded (divergence)."""
 
 
+class WorkflowImportError(EverystepError):
+    """A module of workflows raised while being imported, so a worker refuses to
+    start. ``failures`` holds each module's ``registry.ImportFailure`` (its
+    exception, where it was raised and the traceback)."""
+
+    def __init__(self, message, failures=()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+
 class StepFailure(EverystepError):
     """A recorded step failure whose original exception cannot be rebuilt,
     or a failure an operator recorded when resolving a blocked run."""

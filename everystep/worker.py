@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from . import claims, database, observability, operations, registry, runner, serde
-from .errors import DrainOrphan, EverystepError, Fenced
+from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
 
@@ -143,8 +143,18 @@ class Worker:
     # ------------------------------------------------------------ public
 
     def run(self) -> None:
-        """Claim and execute runs until stopped, then drain and return."""
-        registry.autodiscover()
+        """Claim and execute runs until stopped, then drain and return.
+
+        Refuses to start (``WorkflowImportError``) while a ``workflows`` module
+        of an installed app fails to import: its runs could only fail."""
+        failures = registry.autodiscover()
+        if failures:
+            raise WorkflowImportError(
+                f"worker {self.name!r} cannot start: "
+                + "; ".join(failure.summary() for failure in failures)
+                + ". Fix it, then start the worker again.",
+                failures,
+            ) from failures[0].exception
         self._start_metrics()
         self._waker = _Waker()
         previous = self._install_signal_handlers()

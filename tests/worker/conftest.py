@@ -19,8 +19,9 @@ def spawn_worker(tmp_path):
     database is flushed, which would otherwise wait on their locks)."""
     started = []
 
-    def spawn(name: str, *args: str) -> WorkerProcess:
-        proc = WorkerProcess(name, list(args), tmp_path / f"worker-{name}-{len(started)}.log")
+    def spawn(name: str, *args: str, extra_env: dict | None = None) -> WorkerProcess:
+        output = tmp_path / f"worker-{name}-{len(started)}.log"
+        proc = WorkerProcess(name, list(args), output, extra_env)
         started.append(proc)
         return proc
 

@@ -50,10 +50,11 @@ def database_url(conn) -> str:
 class WorkerProcess:
     """``python -m django everystep_worker`` in a subprocess, its output in a file."""
 
-    def __init__(self, name: str, args: list, output: Path):
+    def __init__(self, name: str, args: list, output: Path, extra_env: dict | None = None):
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
         env.pop("EVERYSTEP_TEST_DATABASE_URL", None)
         env.update(database_env())
+        env.update(extra_env or {})  # e.g. other settings
         self.name = name
         self.output = output
         self._file = open(output, "ab")  # noqa: SIM115  (closed in wait())
