@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
 from django.db import connections as db_connections
@@ -182,7 +182,7 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
         if recorded.status == StepStatus.DONE:
             return recorded.result
         if recorded.status == StepStatus.FAILED:
-            raise recorded.exception()
+            _raise_recorded_failure(state, recorded)
         if spec.unsafe_to_repeat:
             state.halt_with(_uncertain(state, step_id, spec))
     try:
@@ -220,6 +220,15 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
         ) from None
     _record(row, StepStatus.DONE, result=result, stored_result=stored_result)
     return result
+
+
+def _raise_recorded_failure(state: RunState, recorded: Outcome) -> NoReturn:
+    """Raise a recorded failure again. A recorded ``Terminal`` halts the run as it
+    did on the first pass, so a body that catches it cannot go on past it."""
+    exc = recorded.exception()
+    if isinstance(exc, Terminal):
+        state.halt_with(exc)
+    raise exc
 
 
 def _uncertain(state: RunState, step_id: str, spec: registry.Spec) -> EffectUncertain:
