@@ -170,4 +170,8 @@ def test_a_recorded_terminal_stops_the_run_again_on_replay(workflow):
     assert row.error["type"] == "everystep.errors.Terminal"
     assert w.effects["never"] == 0
     assert w.effects["stop_here"] == 1
-    assert sorted(row.steps.values_list("step_id", "status")) == recorded
+    now = set(row.steps.values_list("step_id", "status"))
+    assert set(recorded) <= now
+    # Only the parallel sibling may be new: if the first pass's stop came before
+    # it started, the replayed stop and the sibling race again.
+    assert now - set(recorded) <= {("1.1.1", "done")}
