@@ -1,6 +1,7 @@
 """Helpers for the worker tests: waiting, and worker subprocesses."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -41,12 +42,13 @@ def database_env() -> dict:
 
 
 class WorkerProcess:
-    """``python -m django everystep_worker`` in a subprocess, its output in a file."""
+    """``python -m django everystep_worker`` in a subprocess, its output in a file;
+    on the test database unless given another ``database_url``."""
 
-    def __init__(self, name: str, args: list, output: Path):
+    def __init__(self, name: str, args: list, output: Path, database_url: str | None = None):
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
         env.pop("EVERYSTEP_TEST_DATABASE_URL", None)
-        env.update(database_env())
+        env.update({"EVERYSTEP_TEST_DATABASE_URL": database_url} if database_url else database_env())
         self.name = name
         self.output = output
         self._file = open(output, "ab")  # noqa: SIM115  (closed in wait())
@@ -73,6 +75,25 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.output.read_text(errors="replace")
+
+
+THROWAWAY = "throwaway"  # the Django alias of a database on the test's own PostgreSQL server
+
+
+class ToThrowaway:
+    """A database router: every query of the test process goes to ``THROWAWAY``."""
+
+    def db_for_read(self, model, **hints):
+        return THROWAWAY
+
+    def db_for_write(self, model, **hints):
+        return THROWAWAY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def stop_and_join(worker, timeout: float = 30) -> None:
