@@ -189,6 +189,7 @@ class Worker:
     def _loop(self, executor: ThreadPoolExecutor) -> None:
         recovered = False
         backoff = self.poll
+        lost_at = None  # when claiming began to fail
         while not self._stopping:
             free = self.pool_size - len(self._inflight)
             claimed = []
@@ -209,7 +210,11 @@ class Worker:
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
                     backoff = self.poll
+                    if lost_at is not None:
+                        self._reconnected("database", lost_at)
+                        lost_at = None
                 except DatabaseError as exc:
+                    lost_at = lost_at or time.monotonic()
                     logger.warning("worker %r: cannot claim (%s); retrying in %.1fs", self.name, exc, backoff)
                     database.close_quietly()
                     self._waker.wait(backoff)
@@ -347,12 +352,16 @@ class Worker:
         import psycopg
 
         backoff = self.poll
+        lost_at = None  # when the LISTEN connection was lost
         while not self._listener_stop.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     conn.execute(f"LISTEN {CONTROL_CHANNEL}")
                     backoff = self.poll
+                    if lost_at is not None:
+                        self._reconnected("LISTEN connection", lost_at)
+                        lost_at = None
                     self._waker.wake()  # anything scheduled while we were not listening
                     while not self._listener_stop.is_set():
                         for notice in conn.notifies(timeout=min(self.poll, 1.0)):
@@ -360,11 +369,17 @@ class Worker:
             except Exception as exc:  # psycopg.Error mostly; the listener must not die
                 if self._listener_stop.is_set():
                     return
+                lost_at = lost_at or time.monotonic()
                 logger.warning(
                     "worker %r: LISTEN connection lost (%s); polling until it is back", self.name, exc
                 )
                 self._listener_stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _reconnected(self, what: str, lost_at: float) -> None:
+        # A warning, like the loss it ends: the two lines bracket the outage.
+        logger.warning("worker %r: %s back after %.1fs", self.name, what, time.monotonic() - lost_at)
+        observability.reconnected(self.name)
 
     def _on_notice(self, channel: str, payload: str) -> None:
         if channel == CONTROL_CHANNEL:
