@@ -48,6 +48,9 @@ class Terminal(EverystepError):
     """Raised by a step to stop its run deliberately: the run ends ``stopped``.
 
     ``reason`` is a short human sentence; ``payload`` any serializable detail.
+    The step is recorded ``failed`` with the encoded ``Terminal`` and no
+    further step of the run starts, even if the body catches it. A stop is
+    not reported as a failure.
     """
 
     def __init__(self, reason, payload=None):

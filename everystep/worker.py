@@ -91,11 +91,17 @@ class _Slot:
 class Worker:
     """Claims runs and executes them until :meth:`stop` (or SIGTERM/SIGINT).
 
+    ``manage.py everystep_worker`` maps its options onto these.
+    ``pool_size``: runs executed at once. ``poll``: seconds between claims
+    when idle. ``name``: who claims (default the hostname); it must be
+    unique among live workers and stable across restarts of this worker.
     ``drain``: seconds to wait at shutdown for runs to reach a step boundary
     (0 waits forever). ``stop_when_idle``: return once nothing is scheduled and
     nothing is in flight (tests, batch jobs). ``install_signals``: handle
     SIGTERM/SIGINT, only when run on the main thread. ``listen``: use
-    LISTEN/NOTIFY on PostgreSQL.
+    LISTEN/NOTIFY on PostgreSQL. ``metrics_port``, ``metrics_bind``: serve
+    this worker's Prometheus metrics (needs ``everystep[metrics]``).
+    Bad values raise :class:`~everystep.errors.EverystepError`.
     """
 
     def __init__(
