@@ -47,7 +47,9 @@ class RunState:
         self.halt: BaseException | None = None
         self.engine_error: BaseException | None = None
         self.leave_check = leave_check
-        self.prepared_statements = True  # the runner sets EVERYSTEP_PREPARED_STATEMENTS here
+        # Set by the runner once per run: EVERYSTEP_DATABASE, EVERYSTEP_PREPARED_STATEMENTS.
+        self.database = "default"
+        self.prepared_statements = True
         self._lock = threading.Lock()
 
     def halt_with(self, exc: BaseException):

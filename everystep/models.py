@@ -5,8 +5,17 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from . import database
 from .fields import EverystepJSONField
 from .statuses import RunStatus, StepStatus
+
+
+class EngineManager(models.Manager):
+    """Queries go to everystep's database (``EVERYSTEP_DATABASE``), whatever
+    the project's routers say about other models."""
+
+    def get_queryset(self):
+        return super().get_queryset().using(database.alias())
 
 
 class WorkflowQuerySet(models.QuerySet):
@@ -38,7 +47,7 @@ class Workflow(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
-    objects = WorkflowQuerySet.as_manager()
+    objects = EngineManager.from_queryset(WorkflowQuerySet)()
 
     class Meta:
         db_table = "everystep_workflow"
@@ -91,6 +100,8 @@ class Step(models.Model):
     status = models.CharField(max_length=16, choices=Status)
     result = EverystepJSONField(null=True, blank=True)
     error = EverystepJSONField(null=True, blank=True)
+
+    objects = EngineManager()
 
     class Meta:
         db_table = "everystep_step"

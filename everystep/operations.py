@@ -11,10 +11,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router, transaction
 from django.utils import timezone
 
-from . import registry, statements
+from . import database, registry, statements
 from .errors import EverystepError, StepFailure, Terminal
 from .models import Step, Workflow
 from .scheduling import notify_control, notify_scheduled
@@ -71,7 +70,7 @@ def resolve_step(
     if error is not None and not str(error).strip():
         raise EverystepError("the error message must not be empty")
     run_id = parse_run_id(run_id)
-    with transaction.atomic():
+    with database.atomic():
         run = Workflow.objects.select_for_update().filter(id=run_id).first()
         if run is None:
             raise EverystepError(f"run {run_id} does not exist")
@@ -97,7 +96,7 @@ def resolve_step(
         Workflow.objects.filter(id=run_id, status=Status.BLOCKED).update(
             status=Status.SCHEDULED, error=None, claimed_by=None, completed_at=None
         )
-        notify_scheduled(_using())  # an idle worker picks the run up at once
+        notify_scheduled()  # an idle worker picks the run up at once
     run.refresh_from_db()
     return run
 
@@ -130,7 +129,7 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
     run_id = parse_run_id(run_id)
     statuses = _allowed_from(run_id, expected_status, STOPPABLE, "stopped")
     reason = f"stopped by an operator ({actor})" if actor else "stopped by an operator"
-    with transaction.atomic():
+    with database.atomic():
         updated = Workflow.objects.filter(id=run_id, status__in=statuses).update(
             status=Status.STOPPED,
             error=encode_exception(Terminal(reason)),
@@ -138,7 +137,7 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
         )
         if not updated:
             raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
-        notify_control(_using(), run_id)
+        notify_control(run_id)
     return Workflow.objects.get(id=run_id)
 
 
@@ -156,7 +155,7 @@ def retry_run(run_id, *, expected_status: str | None = None) -> list[DiscardedSt
     run's end. One transaction on the locked run row; returns what was discarded."""
     run_id = parse_run_id(run_id)
     statuses = _allowed_from(run_id, expected_status, RETRYABLE, "retried")
-    with transaction.atomic():
+    with database.atomic():
         status = (
             Workflow.objects.select_for_update()
             .filter(id=run_id)
@@ -170,7 +169,7 @@ def retry_run(run_id, *, expected_status: str | None = None) -> list[DiscardedSt
         Workflow.objects.filter(id=run_id, status=status).update(
             status=Status.SCHEDULED, error=None, result=None, completed_at=None, claimed_by=None
         )
-        notify_scheduled(_using())
+        notify_scheduled()
     return discarded
 
 
@@ -199,7 +198,7 @@ def requeue_run(
     operator believes dead), not a worker that claimed it since."""
     run_id = parse_run_id(run_id)
     _allowed_from(run_id, expected_status, REQUEUEABLE, "requeued")
-    with transaction.atomic():
+    with database.atomic():
         running = Workflow.objects.filter(id=run_id, status=Status.RUNNING)
         if expected_claimer is not None:
             running = running.filter(claimed_by=expected_claimer)
@@ -213,8 +212,8 @@ def requeue_run(
                     f"{expected_claimer}; nothing was changed"
                 )
             raise _refusal(run_id, expected_status, REQUEUEABLE, "requeued")
-        notify_control(_using(), run_id)
-        notify_scheduled(_using())
+        notify_control(run_id)
+        notify_scheduled()
     return Workflow.objects.get(id=run_id)
 
 
@@ -222,7 +221,7 @@ def requeue_claimer(name: str) -> list[uuid.UUID]:
     """Requeue every run left ``running`` under worker ``name``; returns their ids."""
     if not name or not name.strip():
         raise EverystepError("a claimer name must not be empty")
-    with transaction.atomic():
+    with database.atomic():
         ids = list(Workflow.objects.parked_by(name).select_for_update().values_list("id", flat=True))
         if not ids:
             return []
@@ -230,8 +229,8 @@ def requeue_claimer(name: str) -> list[uuid.UUID]:
             status=Status.SCHEDULED, claimed_by=None
         )
         for run_id in ids:
-            notify_control(_using(), run_id)
-        notify_scheduled(_using())
+            notify_control(run_id)
+        notify_scheduled()
     return ids
 
 
@@ -259,79 +258,6 @@ def _refusal(run_id, expected_status, allowed, done: str) -> EverystepError:
     return EverystepError(
         f"run {run_id} is {status}: only a {' or '.join(allowed)} run can be {done}; nothing was changed"
     )
-
-
-def _using() -> str:
-    return router.db_for_write(Workflow)
-
-
-# ---------------------------------------------------------------- claiming (the worker's side)
-
-
-def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
-    """Claim up to ``limit`` ``scheduled`` runs, oldest first, for ``claimer``.
-
-    Concurrent claimers get disjoint sets. PostgreSQL claims in one autocommit
-    ``UPDATE ... RETURNING`` whose inner SELECT skips rows another claimer has
-    locked (a prepared statement, ``everystep.statements``); SQLite runs the
-    same statement without the lock clause, under its single write lock.
-    MariaDB/MySQL have no ``UPDATE ... RETURNING``: a short transaction locks
-    the rows (plain ``FOR UPDATE``, so a concurrent claimer waits), then marks
-    them. ``exclude``: runs this worker still has in flight (a run requeued
-    under a live worker must not be run twice by it at once).
-    """
-    if limit <= 0:
-        return []
-    using = _using()
-    vendor = connections[using].vendor
-    if vendor == "postgresql":
-        runs = statements.claim_runs(claimer, limit, exclude, using=using)
-    elif vendor == "sqlite":
-        runs = _claim_sqlite(using, claimer, limit, exclude)
-    else:
-        with transaction.atomic(using=using):
-            runs = list(claim_queryset(using, limit, exclude))
-            if runs:
-                Workflow.objects.using(using).filter(id__in=[run.id for run in runs]).update(
-                    status=Status.RUNNING, claimed_by=claimer
-                )
-        for run in runs:
-            run.status, run.claimed_by = Status.RUNNING, claimer
-    return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
-
-
-def _claim_sqlite(using: str, claimer: str, limit: int, exclude) -> list[Workflow]:
-    conn = connections[using]
-    excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
-    not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
-    columns = ", ".join(field.column for field in Workflow._meta.concrete_fields)
-    sql = (
-        "UPDATE everystep_workflow SET status = %s, claimed_by = %s WHERE id IN ("
-        f"SELECT id FROM everystep_workflow WHERE status = %s {not_in}"
-        f"ORDER BY created_at LIMIT %s) RETURNING {columns}"
-    )
-    params = [Status.RUNNING, claimer, Status.SCHEDULED, *excluded, limit]
-    return list(Workflow.objects.using(using).raw(sql, params))
-
-
-def claim_queryset(using: str, limit: int, exclude=()):
-    """The locking read of a claim on MariaDB/MySQL (must run in a transaction)."""
-    runs = Workflow.objects.using(using).claimable()
-    if exclude:
-        runs = runs.exclude(id__in=list(exclude))
-    return runs.select_for_update()[:limit]
-
-
-def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
-    """Crash recovery at start-up: the runs left ``running`` under ``claimer``.
-
-    Returns up to ``limit`` of them (oldest first) to run again; any beyond that
-    are requeued, so that no run stays parked under a worker that will not get to it.
-    """
-    parked = list(Workflow.objects.parked_by(claimer).order_by("created_at"))
-    for run in parked[limit:]:
-        release_run(run.id, claimer)
-    return parked[:limit]
 
 
 # ---------------------------------------------------------------- retention
@@ -364,7 +290,7 @@ def prune(
         return old.count()
     deleted = 0
     while True:
-        with transaction.atomic():
+        with database.atomic():
             ids = list(old.select_for_update().values_list("id", flat=True)[:batch])
             if not ids:
                 return deleted

@@ -16,14 +16,13 @@ Invariants (what a crash at any line leaves behind):
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from django.db import connections as db_connections
 
-from . import observability, registry, serde, statements
+from . import database, observability, registry, serde, statements
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -73,7 +72,9 @@ def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
         )
         return _end(run, claimer, Status.FAILED, exc=error)
     state = RunState(run.id, run.name, claimer, leave_check)
-    state.prepared_statements = statements.prepared_statements()  # read once per run, not per step
+    # Read once per run, not per step: settings lookups are not free.
+    state.database = database.alias()
+    state.prepared_statements = statements.prepared_statements()
     state.store = _load_outcomes(run.id)
     value, raised = None, None
     try:
@@ -100,13 +101,13 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
         logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
         return None
     if isinstance(outcome, DrainOrphan):
-        operations_retrying(operations.release_run, run.id, state.claimer)
+        database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
     if state.engine_error is not None and isinstance(outcome, OperationalError | InterfaceError):
         # The database went away mid-record: the run is fine, its record is not.
         # Put it back so that a replay (here or elsewhere) finishes it.
         logger.warning("run %s: database error while recording (%s); requeueing", run.id, outcome)
-        operations_retrying(operations.release_run, run.id, state.claimer)
+        database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
     if isinstance(outcome, Terminal):
         return _end(run, state.claimer, Status.STOPPED, exc=outcome)
@@ -130,7 +131,7 @@ def _end(run, claimer, status, *, result=None, exc: BaseException | None = None)
     from . import operations
 
     error = None if exc is None else serde.encode_exception(exc)
-    if operations_retrying(
+    if database.reconnecting(
         operations.finish_run, run.id, claimer, status, result=result, error=error
     ):
         if status == Status.FAILED and observer is not None:
@@ -145,24 +146,13 @@ def _end(run, claimer, status, *, result=None, exc: BaseException | None = None)
     return None
 
 
-def operations_retrying(func, *args, attempts: int = 30, **kwargs):
-    """Call a transition, reconnecting through a database restart (about a minute)."""
-    for attempt in range(attempts):
-        try:
-            return func(*args, **kwargs)
-        except (OperationalError, InterfaceError) as exc:
-            if attempt == attempts - 1:
-                raise
-            logger.warning("database unavailable (%s); retrying", exc)
-            connection.close()
-            time.sleep(min(0.2 * 2**attempt, 2.0))
-
-
 # ---------------------------------------------------------------- steps
 
 
 def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str | None) -> Any:
-    """A step call: served from the store when recorded, else run and recorded."""
+    """A step call, as a pipeline: identify the call; serve it from the store
+    when recorded; else encode its arguments, claim its effect (unsafe steps),
+    execute it, pass the fault hook, and record its outcome."""
     ctx = current()
     if ctx is None or ctx.running_step is not None:
         return spec.func(*args, **kwargs)  # outside a run, or nested inside a step
@@ -171,55 +161,73 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
     step_id = ctx.next_id(everystep_id)
     recorded = state.store.get(step_id)
     if recorded is not None:
-        if recorded.name != spec.name:
-            state.halt_with(
-                WorkflowCodeError(
-                    f"run {state.workflow_id}: step {step_id} was recorded as {recorded.name} but the "
-                    f"code now calls {spec.name} there. The workflow's code changed under a running "
-                    "run: deploy the old code to finish it, or stop it."
-                )
-            )
-        if recorded.status == StepStatus.DONE:
-            return recorded.result
-        if recorded.status == StepStatus.FAILED:
-            raise recorded.exception()
-        if spec.unsafe_to_repeat:
-            state.halt_with(_uncertain(state, step_id, spec))
-    try:
-        stored_args, stored_kwargs = serde.encode(list(args)), serde.encode(kwargs)
-    except EverystepError as exc:
-        raise EverystepError(
-            f"run {state.workflow_id}, step {step_id} ({spec.name}): arguments are not "
-            f"serializable, the step did not run: {exc}"
-        ) from None
-    row = _StepRow(state, step_id, spec, stored_args, stored_kwargs)
-    row.in_place = recorded is not None  # a started row left by an earlier pass
-    if spec.unsafe_to_repeat and not row.in_place:
+        _check_same_function(state, step_id, spec, recorded)
+        if recorded.status != StepStatus.STARTED:
+            return _serve_recorded(state, recorded)
+    row = _StepRow(state, step_id, spec, args, kwargs, started=recorded is not None)
+    if spec.unsafe_to_repeat:
         _claim_effect(row)
-    ctx.running_step = step_id
+    result, raised = _run_function(ctx, row, args, kwargs)
+    return _record_outcome(row, result, raised)
+
+
+def _check_same_function(state: RunState, step_id: str, spec: registry.Spec, recorded: Outcome) -> None:
+    """Divergence: the code calls another function where the run recorded this one."""
+    if recorded.name != spec.name:
+        state.halt_with(
+            WorkflowCodeError(
+                f"run {state.workflow_id}: step {step_id} was recorded as {recorded.name} but the "
+                f"code now calls {spec.name} there. The workflow's code changed under a running "
+                "run: deploy the old code to finish it, or stop it."
+            )
+        )
+
+
+def _serve_recorded(state: RunState, recorded: Outcome) -> Any:
+    """A recorded outcome, served as the first pass saw it: the result, or the
+    exception raised again. A ``Terminal`` stays final, as on the first pass:
+    the body may catch it, but no further step starts."""
+    if recorded.status == StepStatus.DONE:
+        return recorded.result
+    exc = recorded.exception()
+    if isinstance(exc, Terminal):
+        state.halt_with(exc)
+    raise exc
+
+
+class _StepRow:
+    """The step being recorded: its identity and its arguments, already encoded.
+    ``in_place``: a ``started`` row of it exists (left by an earlier pass, or
+    written by the effect claim), so its outcome completes that row."""
+
+    __slots__ = ("state", "step_id", "spec", "args", "kwargs", "in_place")
+
+    def __init__(self, state: RunState, step_id: str, spec: registry.Spec, args, kwargs, *, started: bool):
+        try:
+            self.args, self.kwargs = serde.encode(list(args)), serde.encode(kwargs)
+        except EverystepError as exc:
+            raise EverystepError(
+                f"run {state.workflow_id}, step {step_id} ({spec.name}): arguments are not "
+                f"serializable, the step did not run: {exc}"
+            ) from None
+        self.state, self.step_id, self.spec = state, step_id, spec
+        self.in_place = started
+
+
+def _claim_effect(row: _StepRow) -> None:
+    """An unsafe-to-repeat step's effect runs at most once. A ``started`` row
+    left by an earlier pass means its outcome is unknown: block the run.
+    Otherwise insert the ``started`` row, an atomic claim on the effect: when
+    the insert conflicts, another pass got there first, and the run blocks."""
+    state = row.state
+    if row.in_place:
+        state.halt_with(_uncertain(state, row.step_id, row.spec))
     try:
-        if observer is None:
-            result = spec.func(*args, **kwargs)
-        else:
-            result = observer.step(state, step_id, spec, args, kwargs)
-    except Exception as exc:
-        ctx.running_step = None
-        _fault(ctx, step_id)
-        _record(row, StepStatus.FAILED, error=serde.encode_exception(exc))
-        if isinstance(exc, Terminal):
-            state.halt_with(exc)
-        raise
-    ctx.running_step = None
-    _fault(ctx, step_id)
-    try:
-        stored_result = serde.encode(result)
-    except EverystepError as exc:
-        raise EverystepError(
-            f"run {state.workflow_id}, step {step_id} ({spec.name}): the return value is not "
-            f"serializable, so it was not recorded and the step runs again on resume: {exc}"
-        ) from None
-    _record(row, StepStatus.DONE, result=result, stored_result=stored_result)
-    return result
+        _guarded_db(state, _insert, row, StepStatus.STARTED)
+    except IntegrityError:
+        state.halt_with(_uncertain(state, row.step_id, row.spec))
+    row.in_place = True
+    state.store[row.step_id] = Outcome(StepStatus.STARTED, row.spec.name)
 
 
 def _uncertain(state: RunState, step_id: str, spec: registry.Spec) -> EffectUncertain:
@@ -231,6 +239,22 @@ def _uncertain(state: RunState, step_id: str, spec: registry.Spec) -> EffectUnce
     )
 
 
+def _run_function(ctx: Context, row: _StepRow, args: tuple, kwargs: dict) -> tuple[Any, Exception | None]:
+    """Run the step's function: ``(result, None)`` or ``(None, exception)``.
+    Then the fault hook, between the effect and its record."""
+    ctx.running_step = row.step_id
+    try:
+        if observer is None:
+            result, raised = row.spec.func(*args, **kwargs), None
+        else:
+            result, raised = observer.step(ctx.state, row.step_id, row.spec, args, kwargs), None
+    except Exception as exc:
+        result, raised = None, exc
+    ctx.running_step = None
+    _fault(ctx, row.step_id)
+    return result, raised
+
+
 def _fault(ctx: Context, step_id: str) -> None:
     if fault is not None:
         try:
@@ -239,48 +263,24 @@ def _fault(ctx: Context, step_id: str) -> None:
             ctx.state.halt_with(crash)
 
 
-class _StepRow:
-    """The step being recorded: its identity and its arguments, already encoded."""
-
-    def __init__(self, state: RunState, step_id: str, spec: registry.Spec, args, kwargs):
-        self.state, self.step_id, self.spec = state, step_id, spec
-        self.args, self.kwargs = args, kwargs
-        self.in_place = False  # True once a started row exists: complete it with an UPDATE
-
-
-def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -> None:
-    """One statement records the step and fences it on the run's owner."""
+def _record_outcome(row: _StepRow, result: Any, raised: Exception | None) -> Any:
+    """Record the outcome, then return the result or raise the exception as the
+    function did. A ``Terminal`` halts the run: no further step starts."""
     state = row.state
-    recorded = statements.insert_step(
-        state.workflow_id,
-        state.claimer,
-        row.step_id,
-        row.spec.name,
-        status,
-        args=row.args,
-        kwargs=row.kwargs,
-        result=stored_result,
-        error=stored_error,
-        prepared=state.prepared_statements,
-    )
-    if not recorded:
-        state.halt_with(
-            Fenced(
-                f"run {state.workflow_id} is no longer running under "
-                f"{state.claimer!r}; step {row.step_id} was not recorded"
-            )
-        )
-
-
-def _claim_effect(row: _StepRow) -> None:
-    """The ``started`` row: an atomic claim on the effect (the unique constraint decides)."""
-    state = row.state
+    if raised is not None:
+        _record(row, StepStatus.FAILED, error=serde.encode_exception(raised))
+        if isinstance(raised, Terminal):
+            state.halt_with(raised)
+        raise raised
     try:
-        _guarded_db(state, _insert, row, StepStatus.STARTED)
-    except IntegrityError:
-        state.halt_with(_uncertain(state, row.step_id, row.spec))
-    row.in_place = True
-    state.store[row.step_id] = Outcome(StepStatus.STARTED, row.spec.name)
+        stored_result = serde.encode(result)
+    except EverystepError as exc:
+        raise EverystepError(
+            f"run {state.workflow_id}, step {row.step_id} ({row.spec.name}): the return value is not "
+            f"serializable, so it was not recorded and the step runs again on resume: {exc}"
+        ) from None
+    _record(row, StepStatus.DONE, result=result, stored_result=stored_result)
+    return result
 
 
 def _record(row: _StepRow, status: str, *, result=None, stored_result=None, error=None) -> None:
@@ -299,6 +299,31 @@ def _record(row: _StepRow, status: str, *, result=None, stored_result=None, erro
                 )
             )
     state.store[row.step_id] = Outcome(status, row.spec.name, result, error)
+
+
+def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -> None:
+    """One statement records the step and fences it on the run's owner."""
+    state = row.state
+    recorded = statements.insert_step(
+        state.database,
+        state.workflow_id,
+        state.claimer,
+        row.step_id,
+        row.spec.name,
+        status,
+        args=row.args,
+        kwargs=row.kwargs,
+        result=stored_result,
+        error=stored_error,
+        prepared=state.prepared_statements,
+    )
+    if not recorded:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; step {row.step_id} was not recorded"
+            )
+        )
 
 
 def _complete_started(row: _StepRow, status, result, error) -> None:

@@ -1,10 +1,10 @@
 """The engine's hot-path SQL: what every run and every step sends.
 
-Claiming runs (on PostgreSQL), recording a step, loading a run's outcomes and
-ending a run are written as SQL rather than through the ORM: building an ORM
-query costs about 0.3 ms of CPU, about as much as the round trip it makes, and
-a worker sends one per step and three per run. On PostgreSQL they go out as
-prepared statements, planned once per connection.
+Recording a step, loading a run's outcomes and ending a run (and the claim,
+in ``everystep.claims``) are written as SQL rather than through the ORM:
+building an ORM query costs about 0.3 ms of CPU, about as much as the round
+trip it makes, and a worker sends one per step and three per run. On
+PostgreSQL they go out as prepared statements, planned once per connection.
 
 Values are stored exactly as ``EverystepJSONField`` stores them
 (``serde.encode``, then the backend's JSON adaptation) and read back through
@@ -13,14 +13,13 @@ Every write to a claimed run is fenced: it matches only while the run is
 ``running`` under the given claimer, and reports whether it did.
 """
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.utils import timezone
 
-from . import serde
+from . import database, serde
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,62 +30,25 @@ INSERT_STEP = (
     "WHERE id = %s AND status = 'running' AND claimed_by = %s"
 )
 LOAD_OUTCOMES = "SELECT step_id, status, name, result, error FROM everystep_step WHERE workflow_id = %s"
-RUN_COLUMNS = (
-    "id", "name", "args", "idempotency_key", "status", "claimed_by", "result", "error", "created_at",
-    "completed_at",
-)
-# PostgreSQL: the excluded ids go as one array, so that the statement text, and
-# with it the prepared plan, is the same whatever a worker has in flight.
-CLAIM_RUNS = (
-    "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
-    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) "
-    f"ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {', '.join(RUN_COLUMNS)}"
-)
 FINISH_RUN = (
     "UPDATE everystep_workflow SET status = %s, result = %s, error = %s, completed_at = %s "
     "WHERE id = %s AND status = 'running' AND claimed_by = %s"
 )
 
 
-def claim_runs(claimer: str, limit: int, exclude, *, using: str) -> list:
-    """PostgreSQL: claim up to ``limit`` scheduled runs in one statement, as
-    ``Workflow`` instances (in no particular order)."""
-    from .models import Workflow
-
-    conn = connections[using]
-    rows = _execute(conn, CLAIM_RUNS, [claimer, list(exclude), limit], prepared_statements(), fetch=True)
-    runs = []
-    for row in rows:
-        values = list(row)
-        for i, decode in _run_decoders():
-            values[i] = decode(values[i], None, conn)
-        runs.append(Workflow.from_db(using, RUN_COLUMNS, values))
-    return runs
-
-
-@functools.cache
-def _run_decoders() -> list[tuple[int, Callable]]:
-    """The columns of ``RUN_COLUMNS`` that need their field's ``from_db_value``:
-    psycopg's loaders already give uuids and aware datetimes, so on PostgreSQL
-    that is the JSON fields, as Django's compiler would apply it."""
-    from .models import Workflow
-
-    fields = [Workflow._meta.get_field(name) for name in RUN_COLUMNS]
-    return [(i, field.from_db_value) for i, field in enumerate(fields) if hasattr(field, "from_db_value")]
-
-
 def insert_step(
-    run_id, claimer: str, step_id: str, name: str, status: str, *, args, kwargs, result, error,
-    prepared: bool,
+    using: str, run_id, claimer: str, step_id: str, name: str, status: str, *, args, kwargs, result,
+    error, prepared: bool,
 ) -> bool:
-    """Record a step whose values are already ``serde``-encoded; False if fenced out."""
-    conn = connections["default"]
+    """Record a step whose values are already ``serde``-encoded; False if fenced out.
+    ``using``: everystep's database alias, read once per run by the runner."""
+    conn = connections[using]
     run = uuid_param(conn, run_id)
     params = [
         run, step_id, name, json_param(conn, args), json_param(conn, kwargs), status,
         json_param(conn, result), json_param(conn, error), run, claimer,
     ]
-    return _execute(conn, INSERT_STEP, params, prepared) == 1
+    return execute(conn, INSERT_STEP, params, prepared) == 1
 
 
 def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
@@ -94,9 +56,9 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
     decoded as they are consumed (a long run's replay holds one decoded copy)."""
     from .models import Step
 
-    conn = connections["default"]
+    conn = database.connection()
     decode = Step._meta.get_field("result").from_db_value
-    rows = _execute(conn, LOAD_OUTCOMES, [uuid_param(conn, run_id)], prepared_statements(), fetch=True)
+    rows = execute(conn, LOAD_OUTCOMES, [uuid_param(conn, run_id)], prepared_statements(), fetch=True)
     return (
         (step_id, status, name, decode(result, None, conn), decode(error, None, conn))
         for step_id, status, name, result, error in rows
@@ -105,7 +67,7 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
 
 def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
     """``running`` under ``claimer`` -> ``status``; False if the run moved on."""
-    conn = connections["default"]
+    conn = database.connection()
     params = [
         status,
         json_param(conn, None if result is None else serde.encode(result)),
@@ -114,7 +76,7 @@ def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) ->
         uuid_param(conn, run_id),
         claimer,
     ]
-    return _execute(conn, FINISH_RUN, params, prepared_statements()) == 1
+    return execute(conn, FINISH_RUN, params, prepared_statements()) == 1
 
 
 def json_param(conn, encoded):
@@ -133,8 +95,9 @@ def prepared_statements() -> bool:
     return getattr(settings, "EVERYSTEP_PREPARED_STATEMENTS", True)
 
 
-def _execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False):
-    """The rows (``fetch``) or the number of rows written."""
+def execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False):
+    """Run ``sql`` on ``conn`` (prepared on PostgreSQL when ``prepared``); the
+    rows (``fetch``) or the number of rows written."""
     if prepared and conn.vendor == "postgresql":
         with conn.wrap_database_errors:
             cursor = _prepared_cursor(conn)

@@ -28,9 +28,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from . import observability, operations, registry, runner, serde
+from . import claims, database, observability, operations, registry, runner, serde
 from .errors import DrainOrphan, EverystepError, Fenced
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -148,10 +148,11 @@ class Worker:
         self._start_metrics()
         self._waker = _Waker()
         previous = self._install_signal_handlers()
-        if self.listen and connection.vendor == "postgresql":
+        engine_db = database.connection()
+        if self.listen and engine_db.vendor == "postgresql":
             self._listener = threading.Thread(
                 target=self._listen,
-                args=(connection.get_connection_params(),),
+                args=(engine_db.get_connection_params(),),
                 name="everystep-listener",
                 daemon=True,
             )
@@ -184,7 +185,7 @@ class Worker:
             if free > 0:
                 try:
                     if not recovered:
-                        claimed = operations.reclaim_own(self.name, free)
+                        claimed = claims.reclaim_own(self.name, free)
                         if claimed:
                             logger.warning(
                                 "worker %r: resuming %d run(s) left running under its name",
@@ -194,13 +195,13 @@ class Worker:
                         recovered = True
                     with self._lock:
                         in_flight = list(self._inflight)
-                    fresh = operations.claim_runs(self.name, free - len(claimed), exclude=in_flight)
+                    fresh = claims.claim_runs(self.name, free - len(claimed), exclude=in_flight)
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
                     backoff = self.poll
                 except DatabaseError as exc:
                     logger.warning("worker %r: cannot claim (%s); retrying in %.1fs", self.name, exc, backoff)
-                    _close_quietly()
+                    database.close_quietly()
                     self._waker.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
@@ -228,13 +229,13 @@ class Worker:
         except _CONNECTION_ERRORS as exc:
             # The database went away outside the body: the run is fine, put it back.
             logger.warning("run %s: database unavailable (%s); requeueing it", run.id, exc)
-            _close_quietly()
-            if self._quietly(runner.operations_retrying, operations.release_run, run.id, self.name):
+            database.close_quietly()
+            if self._quietly(database.reconnecting, operations.release_run, run.id, self.name):
                 observability.requeued(self.name, 1)
         except Exception as exc:
             logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
             self._quietly(
-                runner.operations_retrying,
+                database.reconnecting,
                 operations.finish_run,
                 run.id,
                 self.name,
@@ -282,7 +283,7 @@ class Worker:
         # timed out, or whose end could not be written) goes back to the queue.
         leftovers = []
         try:
-            leftovers = runner.operations_retrying(operations.requeue_claimer, self.name)
+            leftovers = database.reconnecting(operations.requeue_claimer, self.name)
         except Exception:
             logger.exception("worker %r: could not requeue its runs at shutdown", self.name)
         with self._lock:
@@ -301,7 +302,7 @@ class Worker:
         if self._listener is not None:
             self._listener.join(timeout=2)
         self._waker.close()
-        _close_quietly()
+        database.close_quietly()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -366,13 +367,6 @@ class Worker:
                 slot.left = True
         else:
             self._waker.wake()
-
-
-def _close_quietly() -> None:
-    """Drop this thread's connection (e.g. broken by a database restart); the
-    next query reconnects."""
-    with contextlib.suppress(DatabaseError):
-        connection.close()
 
 
 def exit_now_if_abandoned(worker: Worker) -> None:

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from django.db import connection, connections, transaction
 
-from everystep import operations, statements
+from everystep import claims
 from everystep.models import Workflow
 
 CHAIN = "tests.worker.workflows.chain"
@@ -26,7 +26,7 @@ def test_concurrent_claimers_take_disjoint_sets():
     def claimer(name):
         try:
             start.wait()
-            while batch := operations.claim_runs(name, 5):
+            while batch := claims.claim_runs(name, 5):
                 claimed.extend((run.id, name) for run in batch)
         except Exception as exc:  # reported by the main thread
             errors.append(exc)
@@ -55,7 +55,7 @@ def test_the_claim_query_uses_the_partial_index_on_postgresql():
     params = ["w1", [uuid.uuid4()], 4]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(f"EXPLAIN {statements.CLAIM_RUNS}", params)  # without ANALYZE: changes nothing
+        cursor.execute(f"EXPLAIN {claims.POSTGRESQL}", params)  # without ANALYZE: changes nothing
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "everystep_workflow_claim_idx" in plan
     assert "LockRows" in plan
@@ -71,10 +71,10 @@ def test_claim_query_count(django_assert_num_queries):
         pytest.skip("PostgreSQL claims through a prepared statement: test_one_round_trip_on_postgresql")
     one_statement = connection.vendor == "sqlite"
     with django_assert_num_queries(1 if one_statement else 3):  # an empty queue
-        assert operations.claim_runs("w1", 4) == []
+        assert claims.claim_runs("w1", 4) == []
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(3))
     with django_assert_num_queries(1 if one_statement else 4):
-        assert len(operations.claim_runs("w1", 4)) == 3
+        assert len(claims.claim_runs("w1", 4)) == 3
 
 
 @pytest.mark.django_db(transaction=True)
@@ -84,12 +84,12 @@ def test_one_round_trip_on_postgresql():
     args = [{"day": datetime.date(2026, 12, 2)}, (1, 2)]
     Workflow.objects.bulk_create(Workflow(name=CHAIN, args=args) for _ in range(4))
     # The first claim on a connection (for each parameter type) also prepares the statement.
-    operations.claim_runs("w0", 1, exclude=[uuid.uuid4()])
+    claims.claim_runs("w0", 1, exclude=[uuid.uuid4()])
     pgconn = connection.connection.pgconn
     with tempfile.TemporaryFile("w+") as trace:
         pgconn.trace(trace.fileno())  # libpq's log of every protocol message
         try:
-            claimed = operations.claim_runs("w1", 4, exclude=[uuid.uuid4()])
+            claimed = claims.claim_runs("w1", 4, exclude=[uuid.uuid4()])
         finally:
             pgconn.untrace()
         trace.seek(0)

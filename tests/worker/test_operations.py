@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from everystep import operations, serde
+from everystep import claims, operations, serde
 from everystep.errors import EverystepError, Terminal
 from everystep.models import Step, Workflow
 from tests.worker import workflows as w
@@ -193,7 +193,7 @@ def test_claim_takes_the_oldest_scheduled_runs_up_to_the_limit():
     runs = [make_run(created_at=now - dt.timedelta(seconds=10 - i)) for i in range(5)]
     make_run(S.BLOCKED)
     make_run(S.RUNNING, claimed_by="other")
-    claimed = operations.claim_runs("w1", 3)
+    claimed = claims.claim_runs("w1", 3)
     assert [run.id for run in claimed] == [run.id for run in runs[:3]]
     assert all(run.status == S.RUNNING and run.claimed_by == "w1" for run in claimed)
     assert claimed[0].args == [] and claimed[0].name == CHAIN
@@ -202,18 +202,18 @@ def test_claim_takes_the_oldest_scheduled_runs_up_to_the_limit():
         sorted(rows.values_list("status", "claimed_by"))
         == [(S.RUNNING, "w1")] * 3 + [(S.SCHEDULED, None)] * 2
     )
-    assert operations.claim_runs("w1", 0) == []
+    assert claims.claim_runs("w1", 0) == []
 
 
 def test_claim_skips_excluded_runs():
     first, second = make_run(), make_run()
-    claimed = operations.claim_runs("w1", 5, exclude=[first.id])
+    claimed = claims.claim_runs("w1", 5, exclude=[first.id])
     assert [run.id for run in claimed] == [second.id]
 
 
 def test_claim_decodes_arguments():
     run = Workflow.objects.create(name=CHAIN, args=["log", 2, dt.timedelta(seconds=3)])
-    [claimed] = operations.claim_runs("w1", 1)
+    [claimed] = claims.claim_runs("w1", 1)
     assert claimed.id == run.id
     assert claimed.args == ["log", 2, dt.timedelta(seconds=3)]
     assert isinstance(claimed.created_at, dt.datetime)
@@ -225,7 +225,7 @@ def test_reclaim_own_returns_parked_runs_and_requeues_the_excess():
         make_run(S.RUNNING, claimed_by="w1", created_at=now - dt.timedelta(seconds=9 - i)) for i in range(3)
     ]
     make_run(S.RUNNING, claimed_by="w2")
-    reclaimed = operations.reclaim_own("w1", 2)
+    reclaimed = claims.reclaim_own("w1", 2)
     assert [run.id for run in reclaimed] == [run.id for run in parked[:2]]
     assert Workflow.objects.get(id=parked[2].id).status == S.SCHEDULED
     assert Workflow.objects.filter(claimed_by="w2", status=S.RUNNING).count() == 1

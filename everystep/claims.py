@@ -1,0 +1,114 @@
+"""Claiming runs: the one place where the database backends differ, side by side.
+
+A claim takes up to ``limit`` ``scheduled`` runs, oldest first, and marks them
+``running`` under the claimer's name. Concurrent claimers get disjoint sets:
+
+- PostgreSQL: one autocommit ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE
+  SKIP LOCKED) RETURNING``, a prepared statement. Rows another claimer has
+  locked are skipped, not waited for.
+- SQLite: the same ``UPDATE ... RETURNING`` without a lock clause: SQLite has
+  one writer at a time, so the statement runs alone.
+- MariaDB/MySQL: no ``UPDATE ... RETURNING``. A short transaction locks the
+  rows with a plain ``FOR UPDATE`` (a concurrent claimer waits for it), then
+  marks them.
+
+``exclude`` names runs this worker still has in flight: a run requeued under a
+live worker must not be run twice by it at once.
+
+Invariant: a crash after a claim leaves the runs ``running`` under the
+claimer's name; :func:`reclaim_own` hands them back to the next worker
+started under that name.
+"""
+
+import functools
+from collections.abc import Callable
+
+from . import database, statements
+from .models import Workflow
+
+Status = Workflow.Status
+
+RUN_COLUMNS = [field.column for field in Workflow._meta.concrete_fields]
+_RETURNING = f"RETURNING {', '.join(RUN_COLUMNS)}"
+
+# The excluded ids go as one array, so that the statement text, and with it
+# the prepared plan, is the same whatever a worker has in flight.
+POSTGRESQL = (
+    "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) "
+    f"ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) {_RETURNING}"
+)
+# The excluded ids are spliced in as placeholders: SQLite has no arrays.
+SQLITE = (
+    "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' {not_in}"
+    f"ORDER BY created_at LIMIT %s) {_RETURNING}"
+)
+
+
+def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
+    """Claim up to ``limit`` scheduled runs for ``claimer``, oldest first."""
+    if limit <= 0:
+        return []
+    conn = database.connection()
+    claim = {"postgresql": _claim_postgresql, "sqlite": _claim_sqlite}.get(conn.vendor, _claim_mysql)
+    runs = claim(conn, claimer, limit, exclude)
+    return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
+
+
+def _claim_postgresql(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
+    params = [claimer, list(exclude), limit]
+    rows = statements.execute(conn, POSTGRESQL, params, statements.prepared_statements(), fetch=True)
+    return [_run_from_row(conn, row) for row in rows]
+
+
+def _claim_sqlite(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
+    excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
+    not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
+    sql = SQLITE.format(not_in=not_in)
+    return list(Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, limit]))
+
+
+def _claim_mysql(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
+    runs = Workflow.objects.using(conn.alias).claimable()
+    if exclude:
+        runs = runs.exclude(id__in=list(exclude))
+    with database.atomic():
+        claimed = list(runs.select_for_update()[:limit])
+        if claimed:
+            Workflow.objects.using(conn.alias).filter(id__in=[run.id for run in claimed]).update(
+                status=Status.RUNNING, claimed_by=claimer
+            )
+    for run in claimed:
+        run.status, run.claimed_by = Status.RUNNING, claimer
+    return claimed
+
+
+def _run_from_row(conn, row) -> Workflow:
+    values = list(row)
+    for i, decode in _run_decoders():
+        values[i] = decode(values[i], None, conn)
+    return Workflow.from_db(conn.alias, RUN_COLUMNS, values)
+
+
+@functools.cache
+def _run_decoders() -> list[tuple[int, Callable]]:
+    """The columns that need their field's ``from_db_value``: psycopg's loaders
+    already give uuids and aware datetimes, so on PostgreSQL that is the JSON
+    fields, as Django's compiler would apply it. Worked out once per process."""
+    fields = Workflow._meta.concrete_fields
+    return [(i, field.from_db_value) for i, field in enumerate(fields) if hasattr(field, "from_db_value")]
+
+
+def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
+    """Crash recovery at start-up: the runs left ``running`` under ``claimer``.
+
+    Returns up to ``limit`` of them (oldest first) to run again; any beyond that
+    are requeued, so that no run stays parked under a worker that will not get to it.
+    """
+    from .operations import release_run
+
+    parked = list(Workflow.objects.parked_by(claimer).order_by("created_at"))
+    for run in parked[limit:]:
+        release_run(run.id, claimer)
+    return parked[:limit]

@@ -1,0 +1,55 @@
+"""The one database the engine uses, and getting through its outages.
+
+``EVERYSTEP_DATABASE`` (default ``"default"``) names the alias of
+``DATABASES`` that holds everystep's tables. Every engine statement,
+transition, claim, NOTIFY/LISTEN and UI query goes there: the models' managers
+are bound to it, and raw SQL and transactions ask :func:`alias` for it. A
+project's own tables may live elsewhere; ``schedule()`` then joins the
+caller's transaction only when that transaction is on this alias
+(``transaction.atomic(using=...)``).
+"""
+
+import contextlib
+import logging
+import time
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+
+logger = logging.getLogger("everystep")
+
+
+def alias() -> str:
+    """The alias of ``DATABASES`` that holds everystep's tables."""
+    return getattr(settings, "EVERYSTEP_DATABASE", "default")
+
+
+def connection():
+    """This thread's connection to everystep's database."""
+    return connections[alias()]
+
+
+def atomic():
+    """A transaction (or a savepoint inside one) on everystep's database."""
+    return transaction.atomic(using=alias())
+
+
+def close_quietly() -> None:
+    """Drop this thread's connection to everystep's database (e.g. one broken by
+    a restart); the next query reconnects."""
+    with contextlib.suppress(DatabaseError):
+        connection().close()
+
+
+def reconnecting(func, *args, attempts: int = 30, **kwargs):
+    """Call ``func``, reconnecting through a database restart (about a minute):
+    a run's end or a requeue must not be lost to a short outage."""
+    for attempt in range(attempts):
+        try:
+            return func(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == attempts - 1:
+                raise
+            logger.warning("database unavailable (%s); reconnecting", exc)
+            close_quietly()
+            time.sleep(min(0.2 * 2**attempt, 2.0))
