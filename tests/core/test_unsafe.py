@@ -5,7 +5,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from everystep import operations, runner
+from everystep import claims, operations, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
 from tests.core import workflows as w
@@ -50,6 +50,20 @@ def test_completed_unsafe_step_updates_its_started_row_in_place():
 def test_blocked_run_is_not_claimable():
     row = blocked_run()
     assert not Workflow.objects.claimable().filter(id=row.id).exists()
+    assert claims.claim_runs("another-worker", 10) == []
+    assert Workflow.objects.get(id=row.id).status == "blocked"
+
+
+def test_an_unsafe_step_finishing_after_its_run_was_stopped_records_nothing():
+    def operator_stops_during_the_effect(ctx, step_id):
+        if step_id == "1":
+            operations.stop_run(ctx.workflow_id, actor="alice")
+
+    runner.fault = operator_stops_during_the_effect  # between the effect and its record
+    row = run_workflow(w.pays, 6)
+    assert (row.status, row.error["message"]) == ("stopped", "stopped by an operator (alice)")
+    assert list(row.steps.values_list("step_id", "status")) == [("1", "started")]
+    assert (w.effects["charge:6"], w.effects["shipped"]) == (1, 0)
 
 
 def test_resolve_with_result_finishes_the_run_without_repeating_the_effect():
