@@ -3,12 +3,16 @@
 from django.core.management.base import CommandError
 
 
-def describe_cut(cut, what: str, *, dry_run: bool) -> str:
-    """The rows the cut leaves out (``what`` says what happens to them), then
-    the rows kept alongside and the kept rows that block, one line each."""
-    verb = "would be" if dry_run else "were"
+def describe_cut(cut, participle: str, *, negated: bool = False, dry_run: bool) -> str:
+    """The rows the cut leaves out ("3 step rows were <participle>"), then the
+    rows kept alongside and the kept rows that block, one line each."""
+    count = len(cut.discarded)
+    if dry_run:
+        verb = "would not be" if negated else "would be"
+    else:
+        verb = ("was" if count == 1 else "were") + (" not" if negated else "")
     lines = [f"run {cut.run_id} cut at step {cut.step.step_id}: {len(cut.kept)} step rows kept"]
-    lines.append(f"{len(cut.discarded)} step row{'s' if len(cut.discarded) != 1 else ''} {verb} {what}:")
+    lines.append(f"{count} step row{'s' if count != 1 else ''} {verb} {participle}:")
     for row in cut.discarded:
         unsafe = " [unsafe to repeat: its effect happens again]" if row.unsafe else ""
         lines.append(f"  {row.step_id}  {row.name}  ({row.status}; {row.why}){unsafe}")

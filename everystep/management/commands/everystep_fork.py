@@ -33,7 +33,8 @@ class Command(BaseCommand):
                 fork, cut = history.fork_from_step(run_id, step_id, confirm_unsafe=yes_unsafe)
         except EverystepError as exc:
             raise refusal(exc)
-        self.stdout.write(describe_cut(cut, "not copied (they run anew)", dry_run=dry_run))
+        left_out = "copied (they run anew in the fork)"
+        self.stdout.write(describe_cut(cut, left_out, negated=True, dry_run=dry_run))
         if not dry_run:
             self.stdout.write(
                 f"run {fork.id}: forked from run {cut.run_id} at step {step_id}; it is scheduled"
