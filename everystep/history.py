@@ -208,14 +208,15 @@ def _cut(run_id, status: str, step_id: str) -> Cut:
         if pk == chosen[0]:
             discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), "the chosen step"))
             continue
-        branches = _alongside(at, sid.split(".")) if pk > chosen[0] else None
-        if pk > chosen[0] and branches is None:
-            why = _why_after(at, sid.split("."))
-            discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
-            continue
+        if pk > chosen[0]:
+            other = sid.split(".")
+            i = _diverge(at, other)
+            if i is None or i % 2 == 0:  # not in a branch running alongside: it may depend on the step
+                discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), _why_after(at, i)))
+                continue
+            why = f"branch {'.'.join(other[: i + 1])} runs alongside branch {'.'.join(at[: i + 1])}: kept"
+            alongside.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
         kept.append(pk)
-        if branches is not None:
-            alongside.append(CutRow(pk, sid, name, row_status, unsafe(name), branches))
         if row_status == Step.Status.STARTED:
             why = "kept as started: its outcome was never recorded, so the run blocks there"
             uncertain.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
@@ -232,26 +233,19 @@ def _cut(run_id, status: str, step_id: str) -> Cut:
 
 
 def _diverge(a: list[str], b: list[str]) -> int | None:
-    """The first position where two dotpaths differ (None if one extends the other)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
+    """The first position where two dotpaths differ (None if one extends the
+    other). A dotpath alternates call ids (even positions) and branch indexes
+    (odd positions): two step ids that part at a branch index lie in two
+    branches of one ``parallel`` call, running alongside each other."""
+    for i in range(min(len(a), len(b))):
+        if a[i] != b[i]:
             return i
     return None
 
 
-def _alongside(at: list[str], other: list[str]) -> str | None:
-    """Why ``other`` runs alongside ``at``, or None if it does not. A dotpath
-    alternates call ids (even positions) and branch indexes (odd positions):
-    two ids that part at a branch index lie in two branches of one call."""
-    i = _diverge(at, other)
-    if i is None or i % 2 == 0:
-        return None
-    return f"branch {'.'.join(other[: i + 1])} runs alongside branch {'.'.join(at[: i + 1])}: kept"
-
-
-def _why_after(at: list[str], other: list[str]) -> str:
-    """Why a row recorded after the chosen step (and not alongside it) depends on it."""
-    i = _diverge(at, other)
+def _why_after(at: list[str], i: int | None) -> str:
+    """Why a row recorded after the chosen step ``at``, parting from it at
+    position ``i`` (a call id), depends on it."""
     if i is None:
         return "recorded after it"
     if i == len(at) - 1:
