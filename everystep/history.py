@@ -83,7 +83,7 @@ class Cut:
 
     @property
     def unsafe(self) -> tuple[CutRow, ...]:
-        """The discarded rows of unsafe-to-repeat steps: their effects happen again."""
+        """The discarded rows whose step is unsafe to repeat (their effects happen again)."""
         return tuple(row for row in self.discarded if row.unsafe)
 
 
