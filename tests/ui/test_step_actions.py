@@ -419,3 +419,8 @@ def test_engine_refusals_are_shown_not_raised(admin_client, fanned, monkeypatch)
     response = post(admin_client, run, "3", "fork")
     assert messages_of(response) == ["refused for a reason"]
     assert Workflow.objects.count() == 1
+
+
+def test_no_hint_for_a_run_without_recorded_steps(admin_client, make_run):
+    run = make_run(status="failed")
+    assert "es-step-actions-hint" not in admin_client.get(run_page(run)).text
