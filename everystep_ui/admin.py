@@ -2,7 +2,8 @@
 
 Engine state never changes through an admin form: every field is read-only and
 nobody has add/change/delete permission here. Operator actions (retry, stop,
-resolve, requeue) go through ``everystep.operations`` (see ``actions``), each
+resolve, requeue; re-run and fork from a step) go through
+``everystep.operations`` and ``everystep.history`` (see ``actions``), each
 behind its own permission (``Workflow.Meta.permissions``).
 """
 
@@ -23,7 +24,7 @@ from django.utils.translation import gettext
 from everystep.models import Step, Workflow
 
 from . import display, overview, views
-from .actions import ACTIONS, available, retry_selected, run_action, stop_selected
+from .actions import ACTIONS, available, available_from_step, retry_selected, run_action, stop_selected
 from .filters import RunFilterSetListFilter
 from .paginators import EstimatedCountPaginator
 
@@ -127,8 +128,18 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def has_requeue_permission(self, request, obj=None):
         return request.user.has_perm(f"{self.opts.app_label}.requeue_workflow")
 
+    def has_rerun_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.rerun_workflow")
+
+    def has_fork_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.fork_workflow")
+
     def action_buttons(self, request, run):
         return available(request, self, run)
+
+    def step_action_buttons(self, request, run, step_pk=None):
+        """Re-run from here, Fork from here: for one step (``step_pk``), or which are offered."""
+        return available_from_step(request, self, run, step_pk)
 
     # Pages
 
@@ -163,11 +174,13 @@ class WorkflowAdmin(ReadOnlyAdmin):
             ),
             *(
                 path(
-                    f"<str:run_id>/run/{name}/",
+                    f"<str:run_id>/run/steps/<str:step_pk>/{name}/"
+                    if action.per_step
+                    else f"<str:run_id>/run/{name}/",
                     page(functools.partial(run_action, action_name=name)),
                     name=f"{name_prefix}run_{name}",
                 )
-                for name in ACTIONS
+                for name, action in ACTIONS.items()
             ),
         ]
 

@@ -17,12 +17,13 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep.models import Step, Workflow
+from everystep.models import RunFork, Step, Workflow
 
 from . import display, tree
 
 RUN_PAYLOADS = ("args", "result", "error")
 STEP_PAYLOADS = ("args", "kwargs", "result", "error")
+FORKS_SHOWN = 20  # a run page lists this many of the run's forks, oldest first
 
 
 def staff_only(view, admin_site):
@@ -51,8 +52,45 @@ def run_detail(request, run_id, *, model_admin):
         html = render_to_string(model_admin.run_live_template, context, request)
         # 286 tells htmx to stop polling; the final state is still swapped in.
         return HttpResponse(html) if context["live"] else HttpResponseStopPolling(html)
-    context.update(model_admin.admin_site.each_context(request))
+    context.update(model_admin.admin_site.each_context(request), **lineage(request, model_admin, run))
     return TemplateResponse(request, model_admin.run_template, context)
+
+
+def lineage(request, model_admin, run: Workflow) -> dict:
+    """The run this one was forked from, and the runs forked from it (shown
+    outside the polled block: they do not change while the run runs)."""
+    origin = RunFork.objects.filter(run_id=run.pk).values("origin_id", "origin_step_id").first()
+    if origin is not None:
+        origin_id = origin["origin_id"]
+        origin = {
+            "step_id": origin["origin_step_id"],
+            "id": origin_id,
+            "short_id": display.short_id(origin_id) if origin_id else "",
+            "url": model_admin.page_url(request, "run", origin_id) if origin_id else "",
+        }
+    forks = list(
+        RunFork.objects.filter(origin_id=run.pk)
+        .order_by("created_at")
+        .values_list("run_id", "origin_step_id", "run__status")[: FORKS_SHOWN + 1]
+    )
+    more = 0
+    if len(forks) > FORKS_SHOWN:
+        more = RunFork.objects.filter(origin_id=run.pk).count() - FORKS_SHOWN
+        forks = forks[:FORKS_SHOWN]
+    return {
+        "forked_from": origin,
+        "forks": [
+            {
+                "id": fork_id,
+                "short_id": display.short_id(fork_id),
+                "step_id": step_id,
+                "status": status,
+                "url": model_admin.page_url(request, "run", fork_id),
+            }
+            for fork_id, step_id, status in forks
+        ],
+        "more_forks": more,
+    }
 
 
 def step_detail(request, run_id, step_pk, *, model_admin):
@@ -76,6 +114,7 @@ def step_detail(request, run_id, step_pk, *, model_admin):
         "result_pretty": display.pretty_json(step.result_json) if status == "done" else None,
         "error": display.decode_error(step.error_json),
         "resolve_command": (display.resolve_command(run.pk, step.step_id) if status == "uncertain" else ""),
+        "step_actions": model_admin.step_action_buttons(request, run, step.pk),
     }
     return page_or_fragment(
         request, model_admin, context,
@@ -154,6 +193,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "tree": step_tree,
         "steps_recorded": len(steps),
         "action_buttons": model_admin.action_buttons(request, run),
+        "step_actions": model_admin.step_action_buttons(request, run),
         **page_context(request, model_admin, run),
     }
 

@@ -114,6 +114,12 @@ def test_ui_pages(tmp_path):
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
 
 
+def test_history_operations(tmp_path):
+    figures = figures_of(tmp_path, "history.py", "--runs", "2", "--steps", "50", "--payload-kb", "0.1")
+    assert set(figures) == {"preview", "fork", "re-run"}
+    assert all(figure["p50_ms"] > 0 for figure in figures.values())
+
+
 def test_fencing_runs():
     done = bench("fencing.py", "--steps", "20", "--rounds", "1", "--background-runs", "10")
     assert "prepared" in done.stdout
