@@ -161,6 +161,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 page(views.step_detail),
                 name=f"{name_prefix}run_step",
             ),
+            path(
+                "<str:run_id>/run/json/<str:name>/",
+                page(views.payload_json),
+                name=f"{name_prefix}run_json",
+            ),
+            path(
+                "<str:run_id>/run/steps/<str:step_pk>/json/<str:name>/",
+                page(views.payload_json),
+                name=f"{name_prefix}run_step_json",
+            ),
             *(
                 path(
                     f"<str:run_id>/run/{name}/",
