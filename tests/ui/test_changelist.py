@@ -50,6 +50,18 @@ def test_runs_newest_first_with_their_columns(admin_client, make_run):
     assert f'href="/admin/everystep/workflow/{first.pk}/run/"' in response.text
 
 
+def test_the_list_speaks_of_runs(admin_client, make_run):
+    for _ in range(3):
+        make_run()
+    html = admin_client.get(LIST).text
+    assert "<title>Select run to view | Django site admin</title>" in html
+    assert "<h1>Select run to view</h1>" in html
+    assert '<p class="paginator">\n\n3 runs\n' in html
+    assert "&rsaquo; Runs\n</div>" in html  # the breadcrumbs
+    index = admin_client.get("/admin/").text
+    assert f'<a href="{LIST}">Runs</a>' in index
+
+
 def test_each_row_has_the_admins_own_action_checkbox(admin_client, make_run):
     # WorkflowAdmin writes the checkbox without the form renderer, for speed; it
     # must stay the markup Django's admin JavaScript and bulk actions expect.
@@ -264,7 +276,7 @@ def test_an_estimated_count_shows_in_the_list(admin_client, make_run, monkeypatc
     make_run()
     monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 1_234_567)
     response = admin_client.get(LIST)
-    assert "1234567 workflows" in response.text
+    assert "1234567 runs" in response.text
 
 
 # Read-only
