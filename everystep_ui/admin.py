@@ -1,9 +1,14 @@
-"""Runs and steps in the Django admin, read-only.
+"""Runs in the Django admin, read-only.
 
 Engine state never changes through an admin form: every field is read-only and
 nobody has add/change/delete permission here. Operator actions (retry, stop,
 resolve, requeue) go through ``everystep.operations`` (see ``actions``), each
 behind its own permission (``Workflow.Meta.permissions``).
+
+Steps have no admin list of their own: a step is read on its run's page, behind
+``view_workflow`` like every page. A list of all steps of all runs would show
+the same payloads behind another permission (``view_step``), and answer no
+question the run pages do not answer better (there is no step outside its run).
 """
 
 import functools
@@ -14,7 +19,6 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
-from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -236,41 +240,6 @@ class WorkflowAdmin(ReadOnlyAdmin):
     @admin.display(description="steps recorded")
     def steps_recorded(self, run):
         return run.step_count
-
-
-@admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
-    """Step rows across runs; a step opens on its run's step page."""
-
-    list_display = ["step_id", "name", "status", "run"]
-    sortable_by = []
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).defer(*views.STEP_PAYLOADS)
-
-    def step_url(self, step):
-        return reverse(
-            f"admin:{Workflow._meta.app_label}_{Workflow._meta.model_name}_run_step",
-            args=[step.workflow_id, step.pk],
-            current_app=self.admin_site.name,
-        )
-
-    @admin.display(description="run")
-    def run(self, step):
-        return format_html(
-            '<a href="{}" title="{}"><code>{}</code></a>',
-            self.step_url(step),
-            step.workflow_id,
-            display.short_id(step.workflow_id),
-        )
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        step = self.get_object(request, object_id)
-        if step is None:
-            raise Http404("No step has this id.")
-        return redirect(self.step_url(step))
 
 
 def id_prefix_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from everystep import database
-from everystep.models import Step, Workflow
+from everystep.models import Workflow
 from everystep_ui import paginators
 from everystep_ui.admin import id_prefix_range
 from everystep_ui.paginators import EstimatedCountPaginator
@@ -293,18 +293,3 @@ def test_nobody_adds_changes_or_deletes_runs_in_the_admin(admin_client, make_run
     # The only bulk actions are the operator's (tests/ui/test_bulk_actions.py), never delete.
     actions = admin_client.get(LIST).text.split('<select name="action"')[1].split("</select>")[0]
     assert re.findall(r'<option value="(\w*)"', actions) == ["", "retry_selected", "stop_selected"]
-
-
-def test_steps_are_listed_read_only_and_open_on_their_run(admin_client, make_run):
-    run = make_run(steps=[{"step_id": "1", "name": "shop.steps.reserve"}])
-    step = Step.objects.get(workflow=run)
-    response = admin_client.get("/admin/everystep/step/")
-    assert response.status_code == 200
-    assert "shop.steps.reserve" in response.text
-    step_page = f"{LIST}{run.pk}/run/steps/{step.pk}/"
-    assert f'href="{step_page}"' in response.text
-    change = admin_client.get(f"/admin/everystep/step/{step.pk}/change/")
-    assert change.status_code == 302
-    assert change["Location"] == step_page
-    assert admin_client.get("/admin/everystep/step/999999/change/").status_code == 404
-    assert admin_client.get("/admin/everystep/step/add/").status_code == 403
