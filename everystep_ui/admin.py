@@ -72,7 +72,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         "status_badge",
         "claimer",
         "created_at",
-        "completed_at",
+        "completed",
         "duration",
         "steps_recorded",
     ]
@@ -231,11 +231,21 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def claimer(self, run):
         return run.claimed_by
 
+    @admin.display(description="completed")
+    def completed(self, run):
+        return None if self.waiting(run) else run.completed_at
+
     @admin.display(description="duration")
     def duration(self, run):
-        if run.completed_at is None:
+        if self.waiting(run):
             return None
         return display.format_duration(run.completed_at - run.created_at)
+
+    @staticmethod
+    def waiting(run) -> bool:
+        """Not completed: still to run or running, or blocked (its completed_at
+        is when it began to wait for an operator; the run page shows it)."""
+        return run.completed_at is None or run.status == Workflow.Status.BLOCKED
 
     @admin.display(description="steps recorded")
     def steps_recorded(self, run):

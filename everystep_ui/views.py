@@ -26,6 +26,9 @@ from .payloads import JSONHead, Preview, json_download
 
 RUN_PAYLOADS = ("args", "result", "error")
 STEP_PAYLOADS = ("args", "kwargs", "result", "error")
+# What a run's completed_at is on its page. A blocked run has not ended: it waits
+# for an operator since then, and is scheduled again once resolved.
+END_LABELS = {"failed": "Failed at", "stopped": "Stopped at", "blocked": "Blocked since"}
 
 
 def staff_only(view, admin_site):
@@ -175,6 +178,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "opts": Workflow._meta,
         "run": run,
         "live": run.status in (Workflow.Status.SCHEDULED, Workflow.Status.RUNNING),
+        "end_label": END_LABELS.get(run.status, "Completed"),
         "duration": display.format_duration(run.completed_at - run.created_at if run.completed_at else None),
         "args": payloads["args"],
         "result": payloads["result"] if completed else None,

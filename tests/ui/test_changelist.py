@@ -62,6 +62,14 @@ def test_the_list_speaks_of_runs(admin_client, make_run):
     assert f'<a href="{LIST}">Runs</a>' in index
 
 
+def test_a_blocked_run_is_listed_without_completion(admin_client, make_run):
+    created = timezone.now() - dt.timedelta(minutes=5)
+    run = make_run(status="blocked", created_at=created, completed_at=created + dt.timedelta(seconds=4))
+    row = admin_client.get(LIST).text.split(f'title="{run.pk}"')[1].split("</tr>")[0]
+    assert '<td class="field-completed">—</td>' in row
+    assert '<td class="field-duration">—</td>' in row
+
+
 def test_each_row_has_the_admins_own_action_checkbox(admin_client, make_run):
     # WorkflowAdmin writes the checkbox without the form renderer, for speed; it
     # must stay the markup Django's admin JavaScript and bulk actions expect.

@@ -91,6 +91,22 @@ def test_a_blocked_run_tells_how_to_resolve_it(admin_client, make_run):
     assert "started (uncertain)" in html
 
 
+def test_a_blocked_run_is_blocked_since_not_completed(admin_client, run_in):
+    created = timezone.now() - dt.timedelta(minutes=3)
+    run = run_in("blocked", created_at=created, completed_at=created + dt.timedelta(seconds=4))
+    html = admin_client.get(run_page(run)).text
+    assert '<th scope="row">Completed</th>' not in html
+    since = timezone.localtime(run.completed_at).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f'<tr><th scope="row">Blocked since</th><td>{since}</td></tr>' in html
+
+
+@pytest.mark.parametrize(("status", "label"), [("completed", "Completed"), ("failed", "Failed at"),
+                                               ("stopped", "Stopped at")])
+def test_the_end_of_a_run_is_named_by_how_it_ended(admin_client, make_run, status, label):
+    run = make_run(status=status, completed_at=timezone.now())
+    assert f'<tr><th scope="row">{label}</th><td>' in admin_client.get(run_page(run)).text
+
+
 def test_an_unreadable_error_payload_is_shown_as_stored(admin_client, make_run):
     html = admin_client.get(run_page(make_run(status="failed", error="just a string"))).text
     assert "&quot;just a string&quot;" in html
