@@ -65,6 +65,9 @@ def step_detail(request, run_id, step_pk, *, model_admin):
     run = get_run(request, model_admin, run_id)
     step = get_step(run, step_pk, payloads=True)
     status = tree.step_status(step.status, run.status)
+    uncertain = status == "uncertain"
+    # In a blocked run's page (the panel htmx loads), the run's status says how to resolve it.
+    resolve_on_run_page = uncertain and request.htmx and run.status == Workflow.Status.BLOCKED
     download_url = partial(model_admin.page_url, request, "run_step_json", run.pk, step.pk)
     payloads = previews(step, STEP_PAYLOADS, download_url)
     context = {
@@ -76,7 +79,11 @@ def step_detail(request, run_id, step_pk, *, model_admin):
         "kwargs": payloads["kwargs"],
         "result": payloads["result"] if status == "done" else None,
         "error": display.stored_error(payloads["error"]),
-        "resolve_command": (display.resolve_command(run.pk, step.step_id) if status == "uncertain" else ""),
+        "uncertain_step": step if uncertain else None,
+        "resolve_command": (
+            display.resolve_command(run.pk, step.step_id) if uncertain and not resolve_on_run_page else ""
+        ),
+        "resolve_on_run_page": resolve_on_run_page,
     }
     return page_or_fragment(
         request, model_admin, context,
@@ -170,7 +177,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
 
     payloads = previews(run, RUN_PAYLOADS, partial(model_admin.page_url, request, "run_json", run.pk))
     error = display.stored_error(payloads["error"])
-    uncertain = [row.step_id for row in steps if row.status == Step.Status.STARTED]
+    uncertain = next((row for row in steps if row.status == Step.Status.STARTED), None)
     show_resolve = run.status == Workflow.Status.BLOCKED or (error and error.is_uncertain)
     completed = run.status == Workflow.Status.COMPLETED
     return {
@@ -183,8 +190,9 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "args": payloads["args"],
         "result": payloads["result"] if completed else None,
         "error": error,
+        "uncertain_step": uncertain,
         "resolve_command": (
-            display.resolve_command(run.pk, uncertain[0] if uncertain else None) if show_resolve else ""
+            display.resolve_command(run.pk, uncertain.step_id if uncertain else None) if show_resolve else ""
         ),
         "tree": step_tree,
         "steps_recorded": len(steps),
