@@ -71,7 +71,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         "workflow",
         "status_badge",
         "claimer",
-        "created_at",
+        "created",
         "completed",
         "duration",
         "steps_recorded",
@@ -79,7 +79,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
     list_filter = [RunFilterSetListFilter]
     search_fields = ["name"]  # shows the search box; get_search_results decides
     search_help_text = "A run id or its first digits, part of a workflow name, or an idempotency key."
-    sortable_by = ["short_id", "created_at"]  # indexed columns only
+    sortable_by = ["short_id", "created"]  # indexed columns only
 
     class Media:
         css = {"all": ["everystep_ui/everystep_ui.css"]}
@@ -219,9 +219,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
             '<a href="{}" title="{}"><code>{}</code></a>', url, run.pk, display.short_id(run.pk)
         )
 
+    # The columns are written to fit a laptop screen next to the filters: long
+    # names may wrap at their dots (and a claimer at @), times at the space.
+
     @admin.display(description="workflow")
     def workflow(self, run):
-        return run.name
+        return display.wrappable(run.name)
 
     @admin.display(description="status")
     def status_badge(self, run):
@@ -229,11 +232,15 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="claimer")
     def claimer(self, run):
-        return run.claimed_by
+        return display.wrappable(run.claimed_by) if run.claimed_by else None
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run):
+        return display.timestamp(run.created_at)
 
     @admin.display(description="completed")
     def completed(self, run):
-        return None if self.waiting(run) else run.completed_at
+        return None if self.waiting(run) else display.timestamp(run.completed_at)
 
     @admin.display(description="duration")
     def duration(self, run):
@@ -247,7 +254,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         is when it began to wait for an operator; the run page shows it)."""
         return run.completed_at is None or run.status == Workflow.Status.BLOCKED
 
-    @admin.display(description="steps recorded")
+    @admin.display(description="steps")
     def steps_recorded(self, run):
         return run.step_count
 

@@ -6,9 +6,14 @@ was renamed, and an operator page must open whatever the row holds.
 """
 
 import json
+import re
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from everystep.errors import EffectUncertain, Terminal
 
@@ -22,6 +27,26 @@ def pretty_json(value) -> str:
     """``value`` pretty-printed, cut at ``payloads.PREVIEW_CHARS`` characters."""
     text, cut = reindent(json.dumps(value, ensure_ascii=False))
     return f"{text}…" if cut else text
+
+
+def wrappable(name: str) -> SafeString:
+    """``name`` escaped, free to wrap after each ``.`` and ``@``: a dotted path or
+    a worker name would otherwise widen its column to its whole length."""
+    return mark_safe(re.sub(r"([.@])", r"\1<wbr>", escape(name)))  # the name is escaped first
+
+
+def timestamp(moment: datetime) -> SafeString:
+    """Date and time in the current time zone, wrapping between the two (the
+    page's time zone is in the title)."""
+    local = timezone.localtime(moment)
+    return format_html(
+        '<time datetime="{}" title="{}">'
+        '<span class="es-nowrap">{}</span> <span class="es-nowrap">{}</span></time>',
+        local.isoformat(),
+        local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        local.strftime("%Y-%m-%d"),
+        local.strftime("%H:%M:%S"),
+    )
 
 
 def short_id(run_id) -> str:
