@@ -63,6 +63,9 @@ class Workflow(models.Model):
     class Meta:
         db_table = "everystep_workflow"
         ordering = ["-id"]
+        # A row is one run of a workflow: the admin and its messages say "run".
+        verbose_name = "run"
+        verbose_name_plural = "runs"
         indexes = [
             # Serves the claim query: scheduled rows in created_at order.
             models.Index(

@@ -179,7 +179,7 @@ def available_from_step(request, model_admin, run, step_pk=None) -> list[dict]:
 
 def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
     action = ACTIONS[action_name]
-    run = views.get_run(request, model_admin, run_id, payloads=action.name == "resolve")
+    run = views.get_run(request, model_admin, run_id)
     if not may(request, model_admin, action, run):
         raise PermissionDenied
     run_url = model_admin.page_url(request, "run", run.pk)
@@ -235,7 +235,6 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
         "action_url": model_admin.page_url(request, f"run_{action.name}", *url_args),
         "action_form_template": model_admin.action_form_template,
         "discarded": operations.retry_preview(run.pk) if action.name == "retry" else [],
-        "error": display.decode_error(run.error_json) if action.name == "resolve" else None,
         **views.page_context(request, model_admin, run),
     }
     return views.page_or_fragment(
