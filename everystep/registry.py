@@ -67,7 +67,29 @@ def _import_owner(name: str) -> None:
 
 
 def autodiscover() -> None:
-    """Import ``workflows`` modules of all installed apps, as the admin does for ``admin``."""
+    """Import ``workflows`` modules of all installed apps, as the admin does for ``admin``,
+    and their ``tasks`` modules when a ``TASKS`` backend is everystep's: a task's name
+    is registered as its module is imported (``everystep.tasks``)."""
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("workflows")
+    if _runs_tasks():
+        autodiscover_modules("tasks")
+
+
+def _runs_tasks() -> bool:
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    try:
+        from .tasks import EverystepBackend
+    except ImportError:  # Django 5.2: no django.tasks
+        return False
+    for config in getattr(settings, "TASKS", {}).values():
+        try:
+            backend = import_string(config["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own check reports a broken TASKS entry
+        if isinstance(backend, type) and issubclass(backend, EverystepBackend):
+            return True
+    return False
