@@ -348,3 +348,17 @@ def test_task_runs_are_listed_and_filterable_by_their_name(admin_client):
 
 def test_the_run_page_reads_pending_steps_from_the_tasks_function():
     assert intended_steps("tests.tasks.jobs.fails") == ([("1", "tests.tasks.jobs.double")], "")
+
+
+def test_a_task_runs_page_shows_its_start_its_steps_and_whats_pending(admin_client, tmp_path):
+    result = jobs.logged_chain.enqueue(str(tmp_path / "log"), 3)
+    execute(result)
+    failed = jobs.fails.enqueue("out of stock")
+
+    response = admin_client.get(f"/admin/everystep/workflow/{result.id}/run/")
+    assert response.status_code == 200
+    assert "task:started" in response.text
+    assert "tests.tasks.jobs.logged_chain" in response.text
+    pending = admin_client.get(f"/admin/everystep/workflow/{failed.id}/run/")
+    assert pending.status_code == 200
+    assert "tests.tasks.jobs.double" in pending.text  # the task function's step, not run yet
