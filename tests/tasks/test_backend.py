@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync
 
 pytest.importorskip("django.tasks", reason="django.tasks arrived in Django 6.0")
 
@@ -155,7 +156,7 @@ def test_enqueue_on_commit_inserts_the_run_when_the_transaction_commits(django_c
         transaction.on_commit(partial(jobs.total.enqueue, 2, 3))
         assert Workflow.objects.count() == before  # not yet
     assert len(callbacks) == 1
-    [run] = Workflow.objects.exclude(id__in=[]).order_by("-id")[:1]
+    run = Workflow.objects.order_by("-id").first()
     assert (run.name, run.args) == ("tests.tasks.jobs.total", [[2, 3], {}])
 
 
@@ -193,6 +194,13 @@ def test_get_result_reports_what_refresh_reports():
         assert (fresh.status, fresh.enqueued_at, fresh.started_at, fresh.finished_at, fresh.worker_ids) == (
             result.status, result.enqueued_at, result.started_at, result.finished_at, result.worker_ids
         )
+
+
+def test_aenqueue_and_aget_result_go_through_the_same_backend():
+    result = async_to_sync(jobs.total.aenqueue)(4, 5)
+    assert run_of(result).args == [[4, 5], {}]
+    fetched = async_to_sync(jobs.total.aget_result)(result.id)
+    assert (fetched.id, fetched.status) == (result.id, TaskResultStatus.READY)
 
 
 def test_get_result_of_an_unknown_malformed_or_non_task_id_does_not_exist():
