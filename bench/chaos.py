@@ -1,12 +1,17 @@
 """Chaos soak: worker processes on PostgreSQL execute runs while a controller
 SIGKILLs and SIGTERMs them (restarting each under the same name) and restarts
-PostgreSQL once. Then it checks the durability promise and prints figures:
+PostgreSQL once. The soak starts a PostgreSQL server of its own for that
+(tests/throwaway_postgres.py: a temporary cluster on a free port, removed at
+the end) and touches no other server. Then it checks the durability promise
+and prints figures:
 
 - every run is terminal (none lost, none stuck);
 - every recorded step is recorded exactly once and its effect happened;
 - safe steps ran again only around crashes (bounded by the crashes);
 - no unsafe-to-repeat effect ran twice (such runs end blocked instead);
-- no two workers ran the same run at the same time.
+- no two workers ran the same run at the same time;
+- the restart happened (the server's start time changed) and the workers saw
+  it (they logged getting the database back).
 
 Exits non-zero on any violation. Usage:
     python bench/chaos.py                 # the long soak (README figures)
@@ -26,11 +31,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault(
-    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_chaos"
-)
 
-from bench.common import setup, stop_workers, table  # noqa: E402
+from bench.common import exit_on_sigterm, load_django, stop_workers, table  # noqa: E402
+from tests.throwaway_postgres import ThrowawayPostgres  # noqa: E402
+
+REGAINED = " back after "  # in a worker's "database back after ..." / "LISTEN connection back after ..."
 
 
 class Fleet:
@@ -75,10 +80,20 @@ class Fleet:
         stop_workers(self.procs.values())
 
 
-def restart_postgres() -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-                   check=True, capture_output=True)
+def restart_postgres(server: ThrowawayPostgres, logdir: Path) -> list[str]:
+    """Restart the soak's server; what went wrong with it (nothing: [])."""
+    started = server.start_time()
+    server.restart()
+    if server.start_time() <= started:
+        return ["PostgreSQL was restarted but its start time did not change"]
+    # Let the workers notice before the chaos goes on, so that the next kills
+    # cannot take every witness of the outage with them.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if _reconnects_logged(logdir):
+            return []
+        time.sleep(0.2)
+    return ["PostgreSQL was restarted but no worker logged getting it back within 60 s"]
 
 
 def main(argv=None) -> int:
@@ -90,12 +105,18 @@ def main(argv=None) -> int:
     parser.add_argument("--pool", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a stopped soak still stops its workers and its server
+    with ThrowawayPostgres() as server:
+        os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = server.create_database("everystep_chaos")
+        return soak(server, args)
+
+
+def soak(server: ThrowawayPostgres, args) -> int:
     workers = args.workers or (2 if args.short else 4)
     runs = args.runs or (60 if args.short else 600)
     chaos_seconds = args.chaos_seconds or (25 if args.short else 240)
     rng = random.Random(args.seed)
-
-    setup(fresh=True)
+    load_django()  # Django on the soak's database; workers inherit it through the environment
     from django.db import connection
 
     from bench import chaos_workflows
@@ -118,6 +139,7 @@ def main(argv=None) -> int:
         old.unlink()
     fleet = Fleet(workers, args.pool, logdir)
     kills = terms = pg_restarts = 0
+    violations = []
     started = time.time()
     pg_restart_at = started + chaos_seconds / 2
     print(f"chaos: {workers} workers x pool {args.pool}, {runs} runs, {chaos_seconds:.0f} s of chaos")
@@ -132,7 +154,7 @@ def main(argv=None) -> int:
                 fleet.term(name)
                 terms += 1
             if not pg_restarts and time.time() >= pg_restart_at:
-                restart_postgres()
+                violations += restart_postgres(server, logdir)
                 pg_restarts += 1
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -157,8 +179,8 @@ def main(argv=None) -> int:
     unsafe_steps = {(run_id, step_id) for run_id, step_id, unsafe, *_ in effects if unsafe}
     recorded = list(Step.objects.values_list("workflow_id", "step_id", "status"))
     requeues = sum(_requeues_logged(path.read_text()) for path in logdir.glob("chaos-*.log"))
+    reconnects = _reconnects_logged(logdir)
 
-    violations = []
     stuck = statuses["scheduled"] + statuses["running"]
     if stuck:
         violations.append(f"{stuck} runs are not terminal")
@@ -184,9 +206,9 @@ def main(argv=None) -> int:
         violations.append(f"{len(overlaps)} runs were run by two processes at the same time")
 
     print(table(
-        [[runs, len(recorded), len(effects), kills, terms, pg_restarts, requeues,
+        [[runs, len(recorded), len(effects), kills, terms, pg_restarts, reconnects, requeues,
           statuses["blocked"], safe_duplicates, len(duplicate_unsafe), f"{elapsed:.0f} s"]],
-        ["runs", "steps", "effects", "SIGKILL", "SIGTERM", "pg restarts", "requeues",
+        ["runs", "steps", "effects", "SIGKILL", "SIGTERM", "pg restarts", "reconnects", "requeues",
          "blocked", "repeated safe", "repeated unsafe", "time"],
     ))
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
@@ -195,6 +217,11 @@ def main(argv=None) -> int:
         return 1
     print("no violations")
     return 0
+
+
+def _reconnects_logged(logdir: Path) -> int:
+    """Times the workers logged getting the database back after losing it."""
+    return sum(path.read_text(errors="replace").count(REGAINED) for path in logdir.glob("chaos-*.log"))
 
 
 def _requeues_logged(log: str) -> int:

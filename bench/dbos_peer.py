@@ -1,8 +1,9 @@
 """The throughput workload on the peer engine, DBOS Transact, for comparison.
 
 Runs with the interpreter of its own virtualenv (``bench/.venv-dbos``, made by
-``bench/throughput.py``; DBOS is not a dependency of everystep), against its
-own database on the same PostgreSQL server. The same shape as everystep's
+``bench/throughput.py``; DBOS is not a dependency of everystep), against a
+database of its own (made next to the one ``--url`` names, dropped at exit)
+on the same PostgreSQL server. The same shape as everystep's
 round: N runs of a workflow of ten trivial steps, all enqueued first on a DBOS
 queue, then drained by P processes, each running at most C workflows at once
 (``worker_concurrency``). The clock runs from the first dequeue
@@ -23,10 +24,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import psycopg
-from common import stop_workers  # this script runs from bench/, in DBOS's own venv
+from common import scratch_database, stop_workers  # this script runs from bench/, in DBOS's own venv
 from dbos import DBOS
 
 QUEUE = "bench"
@@ -64,17 +64,8 @@ def worker(args) -> None:
     DBOS.destroy(workflow_completion_timeout_sec=5)
 
 
-def recreate_database(url: str) -> None:
-    parsed = urlparse(url)
-    name = parsed.path.lstrip("/")
-    with psycopg.connect(host=parsed.hostname, port=parsed.port or 5432, user=parsed.username,
-                         password=parsed.password, dbname="postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-
-
 def measure(args) -> dict:
-    recreate_database(args.url)
+    args.url = scratch_database(args.url, "peer")  # dropped when this process exits
     queue = launch(args.url, "enqueuer", listen=False, concurrency=args.concurrency, poll=args.poll)
     for _ in range(args.runs):
         queue.enqueue(ten_steps)

@@ -20,7 +20,6 @@ Usage: python bench/fencing.py [--steps 2000] [--rounds 5] [--background-runs 10
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -103,11 +102,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--background-runs", type=int, default=10_000)
     args = parser.parse_args(argv)
-    # Its own database, so as not to disturb another benchmark's.
-    os.environ.setdefault(
-        "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench_fencing"
-    )
-    setup()
+    setup("fencing")
     run = prepare(args.background_runs)
     rows = []
     for mode in MODES:

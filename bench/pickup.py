@@ -16,7 +16,6 @@ Usage: python bench/pickup.py [--runs 200] [--poll 0.2] [--json FILE]
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -24,10 +23,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault(
-    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench_pickup"
-)
-
 from bench.common import LOGDIR, median, percentile, setup, start_worker, stop_workers, table  # noqa: E402
 
 WARM_UP = 5
@@ -92,7 +87,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    setup()
+    setup("pickup")
     rng = random.Random(args.seed)
     figures, rows = {}, []
     for mode in ("notify", "poll"):

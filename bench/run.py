@@ -38,9 +38,6 @@ SECTIONS = ("overhead", "throughput", "pickup", "ui")
 
 def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
     """Each section's script, arguments and extra environment."""
-    ui_env = {}
-    if quick:
-        ui_env["EVERYSTEP_BENCH_DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/everystep_bench_ui_quick"
     return {
         "overhead": (["step_overhead.py", "--steps", "1000", "--rounds", "3" if quick else "9"], {}),
         "throughput": (
@@ -49,8 +46,9 @@ def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
             {},
         ),
         "pickup": (["pickup.py", "--runs", "50" if quick else "200"], {}),
+        # The loaded runs are kept for the next run (everystep_bench_ui_<runs>).
         "ui": (["ui_scale.py", "--runs", "100000" if quick else "1000000",
-                "--requests", "10" if quick else "20"], ui_env),
+                "--requests", "10" if quick else "20", "--keep"], {}),
     }
 
 

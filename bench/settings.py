@@ -1,15 +1,14 @@
 """Benchmark settings: the test settings on the database named by
-``EVERYSTEP_BENCH_DATABASE_URL`` (default: a local PostgreSQL database
-``everystep_bench``, created on first use)."""
+``EVERYSTEP_BENCH_DATABASE_URL``, which ``bench.common.setup()`` points at the
+run's own database (worker processes inherit it)."""
 
 import os
 
+from bench.common import DEFAULT_DATABASE_URL
 from tests.settings import *  # noqa: F403
 from tests.settings import database_from_url
 
-DATABASE_URL = os.environ.get(
-    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench"
-)
+DATABASE_URL = os.environ.get("EVERYSTEP_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 EVERYSTEP_DATABASE = "default"  # one database, whatever layout the test settings chose
 DATABASE_ROUTERS = []

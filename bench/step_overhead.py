@@ -119,7 +119,7 @@ def main(argv=None):
     parser.add_argument("--replay-steps", type=int, default=10_000)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    setup()
+    setup("overhead")
     rates = {"engine": [], "psycopg": [], "orm": []}
     for _ in range(args.rounds):  # interleaved, so that machine noise hits all three alike
         rates["psycopg"].append(psycopg_round(args.steps))

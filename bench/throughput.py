@@ -25,10 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault(
-    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench_throughput"
-)
-
 from bench.common import LOGDIR, setup, start_worker, stop_workers, table  # noqa: E402
 
 STEPS_PER_RUN = 10
@@ -180,7 +176,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    setup()
+    setup("throughput")
     our_rounds, peer_rounds = [], []
     peer = {"error": "skipped (--no-dbos)"} if args.no_dbos else {}
     for _ in range(args.rounds):

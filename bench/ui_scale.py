@@ -1,20 +1,23 @@
 """The admin UI at scale, on PostgreSQL: server time of the runs list and of a
 run page, with a million runs in the table.
 
-Loads (once; reused while it holds the asked-for count) N runs spread over 30
-days with time-ordered UUIDv7 ids, two steps each, made in SQL
-(``INSERT ... SELECT generate_series``), plus one completed run of 5,000
-steps; then ANALYZE. Each page is requested through Django's test client as a
-logged-in superuser with ``DEBUG = False``: two warm-up requests, then the
-median (and max) of ``--requests`` timed ones, measured around ``client.get``
-(middleware, queries, template rendering; no network).
+Loads N runs spread over 30 days with time-ordered UUIDv7 ids, two steps
+each, made in SQL (``INSERT ... SELECT generate_series``), plus one completed
+run of 5,000 steps; then ANALYZE. The load goes to a database of the run's
+own, dropped at the end; with ``--keep`` to ``everystep_bench_ui_<N>`` (next
+to the database of ``EVERYSTEP_BENCH_DATABASE_URL``), kept and reused by the
+next ``--keep`` run (a million runs take a minute or two to load).
 
-Usage: python bench/ui_scale.py [--runs 1000000] [--requests 20] [--reload] [--json FILE]
+Each page is requested through Django's test client as a logged-in superuser
+with ``DEBUG = False``: two warm-up requests, then the median (and max) of
+``--requests`` timed ones, measured around ``client.get`` (middleware,
+queries, template rendering; no network).
+
+Usage: python bench/ui_scale.py [--runs 1000000] [--requests 20] [--keep [--reload]] [--json FILE]
 """
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,9 +25,6 @@ from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault(
-    "EVERYSTEP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/everystep_bench_ui"
-)
 
 from bench.common import median, setup, table  # noqa: E402
 
@@ -100,7 +100,7 @@ def load(runs: int, *, reload: bool) -> str:
         if found and found[0] == runs and not reload:
             print(f"ui_scale: reusing {runs} loaded runs (--reload to load again)")
             return found[1]
-        print(f"ui_scale: loading {runs} runs and {2 * runs} steps (once; reused by later runs)...")
+        print(f"ui_scale: loading {runs} runs and {2 * runs} steps...")
         started = time.perf_counter()
         cursor.execute("DROP TABLE IF EXISTS bench_ui_load")
         cursor.execute("TRUNCATE everystep_step, everystep_workflow")
@@ -156,10 +156,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20)
-    parser.add_argument("--reload", action="store_true", help="load the runs again even if loaded")
+    parser.add_argument("--keep", action="store_true",
+                        help="load into a database that is kept, and reuse it if already loaded")
+    parser.add_argument("--reload", action="store_true", help="with --keep: load the runs again")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    setup(fresh=False)
+    setup(f"ui_{args.runs}", keep=args.keep)
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.test import Client

@@ -12,7 +12,19 @@ __all__ = ["workflow", "step", "parallel", "schedule", "Terminal"]
 
 
 def workflow(func: Callable) -> Callable:
-    """Mark ``func`` as a workflow. Outside a run, calling it is a plain call."""
+    """Mark ``func`` as a workflow: a function that :func:`schedule` can run durably.
+
+    The workflow is registered under its qualified name ``module.qualname``,
+    which is what a run row stores: renaming or moving the function changes
+    its identity. Workers and the UI import every installed app's
+    ``workflows`` module at start-up, so define workflows there (or in a
+    module it imports).
+
+    On every claim the body runs again from the top and recorded steps are
+    served from the store, so code between steps must be deterministic. Its
+    arguments and return value go through :mod:`everystep.serde`. Outside a
+    run, calling the function is a plain call.
+    """
     spec = registry.Spec(registry.qualified_name(func), func, "workflow")
     registry.register(spec)
 
@@ -25,8 +37,22 @@ def workflow(func: Callable) -> Callable:
 
 
 def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
-    """Mark a function as a step; ``@step(unsafe_to_repeat=True)`` for effects that
-    must never run twice. Callers may pass ``everystep_id="name"`` to name the call."""
+    """Mark a function as a step: its outcome is recorded once per run, and replay
+    serves it from the store instead of calling the function again.
+
+    Use as ``@step`` or ``@step(unsafe_to_repeat=True)``. Steps are at least
+    once: a crash after the function returned but before its row was written
+    runs it again on resume. ``unsafe_to_repeat=True`` writes a ``started``
+    row before the function runs, so that an outcome lost to a crash parks
+    the run ``blocked`` for an operator instead of running the effect twice.
+
+    A caller may pass ``everystep_id="name"`` to name the call instead of
+    numbering it (a non-empty string without ``.``, not all digits, unique
+    in its scope). Arguments and the result must be serializable by
+    :mod:`everystep.serde`; a stored failure is raised again on replay.
+    Outside a run, or inside another step's function, calling a step is a
+    plain call.
+    """
 
     def decorate(func: Callable) -> Callable:
         spec = registry.Spec(registry.qualified_name(func), func, "step", unsafe_to_repeat)
@@ -45,9 +71,16 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
 def parallel(*branches, everystep_id: str | None = None) -> tuple:
     """Run branches concurrently and return their results in branch order.
 
-    A branch is a zero-argument callable or a list of them run in order (its
-    result is a tuple). One failure is raised as is, several as an
-    ``ExceptionGroup``; a ``Terminal`` in any branch wins over both.
+    A branch is a zero-argument callable or a list of them run in order on one
+    thread (its result is a tuple). Each branch runs on its own thread, in a
+    scope of its own: branch ``i`` of fork ``3`` numbers its steps ``3.i.1``,
+    ``3.i.2``... ``everystep_id`` names the fork as it names a step.
+
+    One failure is raised as is, several as an ``ExceptionGroup``; a
+    :class:`Terminal` (or an uncertain effect, or a drain) in any branch wins
+    over both. Healthy branches run to completion and are recorded even when
+    a sibling fails. Outside a run the branches still run concurrently, as
+    plain calls.
     """
     return runner.run_parallel(branches, everystep_id)
 
@@ -55,8 +88,16 @@ def parallel(*branches, everystep_id: str | None = None) -> tuple:
 def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = None):
     """Insert a ``scheduled`` run inside the caller's transaction and return its row.
 
-    With ``idempotency_key``, a second call with the same workflow and key
-    returns the existing row instead, also when two callers race.
+    The run is rolled back with the transaction, and claimable once it
+    commits. Returns the :class:`~everystep.models.Workflow` row (its ``id``
+    is the run id). With ``idempotency_key`` (a non-empty string of at most
+    255 characters), a second call with the same workflow and key returns
+    the existing row instead, also when two callers race.
+
+    Refuses before writing anything: a function that is not a
+    :func:`workflow` and arguments that do not fit its signature
+    (``TypeError``), arguments that do not serialize and a malformed key
+    (:class:`~everystep.errors.EverystepError`).
     """
     from .models import Workflow  # not at import time: settings may import this module
     from .scheduling import insert_run

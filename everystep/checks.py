@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
-from . import database
+from . import database, registry
 
 SUPPORTED_VENDORS = {"postgresql", "mysql", "sqlite"}
 
@@ -76,6 +76,26 @@ def check_sqlite_concurrency(app_configs, **kwargs):
             ),
             id="everystep.W001",
         )
+    ]
+
+
+@checks.register()
+def check_workflow_modules(app_configs, **kwargs):
+    """A ``workflows`` module that raises on import: workers refuse to start and
+    its runs fail with that error."""
+    failures = registry.autodiscover()
+    if app_configs is not None:
+        asked = {f"{app_config.name}.workflows" for app_config in app_configs}
+        failures = [failure for failure in failures if failure.module in asked]
+    return [
+        checks.Error(
+            f"The workflows {failure.summary()}. Its workflows are not registered: workers "
+            f"refuse to start, and its runs fail with this error.\n{failure.traceback}",
+            hint="Fix the error the traceback shows (or install what the module imports), "
+            "then restart the web process and the workers.",
+            id="everystep.E002",
+        )
+        for failure in failures
     ]
 
 

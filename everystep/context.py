@@ -69,6 +69,15 @@ class RunState:
 
 
 class Context:
+    """One scope of a running workflow: the body, or one ``parallel`` branch.
+
+    Get the current one with :func:`current`; everystep makes them. Inside a
+    step's function, ``running_step`` is that step's id (``None`` between
+    steps). ``workflow_id`` and the step id together make an idempotency key
+    towards other systems, so that a step repeated after a crash is
+    recognised there.
+    """
+
     def __init__(self, state: RunState, prefix: str = ""):
         self.state = state
         self.prefix = prefix
@@ -78,10 +87,12 @@ class Context:
 
     @property
     def workflow_id(self):
+        """The run's id (a UUID), the primary key of its ``everystep_workflow`` row."""
         return self.state.workflow_id
 
     @property
     def workflow_name(self) -> str:
+        """The workflow's registered name, ``module.qualname``."""
         return self.state.name
 
     @property

@@ -12,6 +12,16 @@ class WorkflowCodeError(EverystepError):
     """The workflow's code no longer matches what the run recorded (divergence)."""
 
 
+class WorkflowImportError(EverystepError):
+    """A module of workflows raised while being imported, so a worker refuses to
+    start. ``failures`` holds each module's ``registry.ImportFailure`` (its
+    exception, where it was raised and the traceback)."""
+
+    def __init__(self, message, failures=()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+
 class StepFailure(EverystepError):
     """A recorded step failure whose original exception cannot be rebuilt,
     or a failure an operator recorded when resolving a blocked run."""
@@ -38,6 +48,9 @@ class Terminal(EverystepError):
     """Raised by a step to stop its run deliberately: the run ends ``stopped``.
 
     ``reason`` is a short human sentence; ``payload`` any serializable detail.
+    The step is recorded ``failed`` with the encoded ``Terminal`` and no
+    further step of the run starts, even if the body catches it. A stop is
+    not reported as a failure.
     """
 
     def __init__(self, reason, payload=None):

@@ -32,6 +32,17 @@ class WorkflowQuerySet(models.QuerySet):
 
 
 class Workflow(models.Model):
+    """A run: one ``everystep_workflow`` row, made by :func:`everystep.schedule`.
+
+    ``id`` is a time-ordered UUIDv7 (the run id); ``name`` the workflow's
+    ``module.qualname``; ``args`` its stored arguments; ``status`` one of
+    :class:`Workflow.Status <everystep.statuses.RunStatus>`; ``claimed_by``
+    the worker running it; ``result`` the return value of a completed run;
+    ``error`` the encoded exception of a failed, stopped or blocked one;
+    ``created_at`` and ``completed_at`` (when it reached its terminal status).
+    Change a run only through :mod:`everystep.operations`.
+    """
+
     Status = RunStatus
 
     id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
@@ -90,6 +101,15 @@ class Workflow(models.Model):
 
 
 class Step(models.Model):
+    """An executed step: one ``everystep_step`` row per recorded outcome.
+
+    ``step_id`` is the step's dotpath in its run (unique per run); ``name``
+    the step function's ``module.qualname``; ``status`` one of
+    :class:`Step.Status <everystep.statuses.StepStatus>`; ``args``,
+    ``kwargs``, ``result`` and ``error`` as stored. Steps served from the
+    store on replay write nothing.
+    """
+
     Status = StepStatus
 
     # No index of its own: the unique (workflow, step_id) index serves every

@@ -66,6 +66,11 @@ def execute(run, claimer: str, *, leave_check: Callable | None = None) -> str | 
 def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
     spec = registry.get_workflow(run.name)
     if spec is None:
+        failure = registry.import_failure(run.name)
+        if failure is not None:
+            # Its module raised on import: that error is the cause, not a rename.
+            error = {**serde.encode_exception(failure.exception), "where": failure.where}
+            return _end(run, claimer, Status.FAILED, exc=failure.exception, error=error)
         error = EverystepError(
             f"run {run.id}: no @workflow is registered as {run.name!r} (was it renamed or "
             "removed?). Deploy the code that defines it, then retry the run."
@@ -127,10 +132,14 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
     return _end(run, state.claimer, Status.COMPLETED, result=value)
 
 
-def _end(run, claimer, status, *, result=None, exc: BaseException | None = None) -> str | None:
+def _end(
+    run, claimer, status, *, result=None, exc: BaseException | None = None, error: dict | None = None
+) -> str | None:
+    """End the run; ``error`` is the stored form of ``exc`` when it needs more than its encoding."""
     from . import operations
 
-    error = None if exc is None else serde.encode_exception(exc)
+    if error is None and exc is not None:
+        error = serde.encode_exception(exc)
     if database.reconnecting(
         operations.finish_run, run.id, claimer, status, result=result, error=error
     ):

@@ -126,10 +126,12 @@ def decode(data: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
+    """:func:`encode` ``value`` and write it as a JSON string."""
     return json.dumps(encode(value), allow_nan=False)
 
 
 def loads(text: str | bytes) -> Any:
+    """Parse a JSON string and :func:`decode` it: the inverse of :func:`dumps`."""
     try:
         return decode(json.loads(text))
     except RecursionError:

@@ -5,6 +5,11 @@ from django.db import models
 
 
 class RunStatus(models.TextChoices):
+    """A run's status: ``scheduled`` -> ``running`` -> ``completed``, ``failed``,
+    ``stopped`` (a ``Terminal``, or an operator's Stop) or ``blocked`` (an
+    unsafe-to-repeat step's outcome is uncertain). A drain or a requeue puts a
+    ``running`` run back to ``scheduled``."""
+
     SCHEDULED = "scheduled"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -14,10 +19,15 @@ class RunStatus(models.TextChoices):
 
     @classmethod
     def terminal_values(cls):
+        """The statuses a run ends in: completed, failed, stopped, blocked."""
         return [cls.COMPLETED, cls.FAILED, cls.STOPPED, cls.BLOCKED]
 
 
 class StepStatus(models.TextChoices):
+    """A step row's status: ``done``, ``failed``, or ``started`` (an
+    unsafe-to-repeat step whose function is running, or whose outcome was
+    never recorded)."""
+
     STARTED = "started"
     DONE = "done"
     FAILED = "failed"

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from . import claims, database, observability, operations, registry, runner, serde
-from .errors import DrainOrphan, EverystepError, Fenced
+from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
 
@@ -91,11 +91,17 @@ class _Slot:
 class Worker:
     """Claims runs and executes them until :meth:`stop` (or SIGTERM/SIGINT).
 
+    ``manage.py everystep_worker`` maps its options onto these.
+    ``pool_size``: runs executed at once. ``poll``: seconds between claims
+    when idle. ``name``: who claims (default the hostname); it must be
+    unique among live workers and stable across restarts of this worker.
     ``drain``: seconds to wait at shutdown for runs to reach a step boundary
     (0 waits forever). ``stop_when_idle``: return once nothing is scheduled and
     nothing is in flight (tests, batch jobs). ``install_signals``: handle
     SIGTERM/SIGINT, only when run on the main thread. ``listen``: use
-    LISTEN/NOTIFY on PostgreSQL.
+    LISTEN/NOTIFY on PostgreSQL. ``metrics_port``, ``metrics_bind``: serve
+    this worker's Prometheus metrics (needs ``everystep[metrics]``).
+    Bad values raise :class:`~everystep.errors.EverystepError`.
     """
 
     def __init__(
@@ -143,8 +149,18 @@ class Worker:
     # ------------------------------------------------------------ public
 
     def run(self) -> None:
-        """Claim and execute runs until stopped, then drain and return."""
-        registry.autodiscover()
+        """Claim and execute runs until stopped, then drain and return.
+
+        Refuses to start (``WorkflowImportError``) while a ``workflows`` module
+        of an installed app fails to import: its runs could only fail."""
+        failures = registry.autodiscover()
+        if failures:
+            raise WorkflowImportError(
+                f"worker {self.name!r} cannot start: "
+                + "; ".join(failure.summary() for failure in failures)
+                + ". Fix it, then start the worker again.",
+                failures,
+            ) from failures[0].exception
         self._start_metrics()
         self._waker = _Waker()
         previous = self._install_signal_handlers()
@@ -179,6 +195,7 @@ class Worker:
     def _loop(self, executor: ThreadPoolExecutor) -> None:
         recovered = False
         backoff = self.poll
+        lost_at = None  # when claiming began to fail
         while not self._stopping:
             free = self.pool_size - len(self._inflight)
             claimed = []
@@ -199,7 +216,11 @@ class Worker:
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
                     backoff = self.poll
+                    if lost_at is not None:
+                        self._reconnected("database", lost_at)
+                        lost_at = None
                 except DatabaseError as exc:
+                    lost_at = lost_at or time.monotonic()
                     logger.warning("worker %r: cannot claim (%s); retrying in %.1fs", self.name, exc, backoff)
                     database.close_quietly()
                     self._waker.wait(backoff)
@@ -337,12 +358,16 @@ class Worker:
         import psycopg
 
         backoff = self.poll
+        lost_at = None  # when the LISTEN connection was lost
         while not self._listener_stop.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     conn.execute(f"LISTEN {CONTROL_CHANNEL}")
                     backoff = self.poll
+                    if lost_at is not None:
+                        self._reconnected("LISTEN connection", lost_at)
+                        lost_at = None
                     self._waker.wake()  # anything scheduled while we were not listening
                     while not self._listener_stop.is_set():
                         for notice in conn.notifies(timeout=min(self.poll, 1.0)):
@@ -350,11 +375,17 @@ class Worker:
             except Exception as exc:  # psycopg.Error mostly; the listener must not die
                 if self._listener_stop.is_set():
                     return
+                lost_at = lost_at or time.monotonic()
                 logger.warning(
                     "worker %r: LISTEN connection lost (%s); polling until it is back", self.name, exc
                 )
                 self._listener_stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _reconnected(self, what: str, lost_at: float) -> None:
+        # A warning, like the loss it ends: the two lines bracket the outage.
+        logger.warning("worker %r: %s back after %.1fs", self.name, what, time.monotonic() - lost_at)
+        observability.reconnected(self.name)
 
     def _on_notice(self, channel: str, payload: str) -> None:
         if channel == CONTROL_CHANNEL:

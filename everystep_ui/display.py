@@ -55,7 +55,8 @@ def format_duration(delta: timedelta | None) -> str:
 
 @dataclass
 class DecodedError:
-    """A stored exception payload ``{"type", "message", "args"}`` ready to show."""
+    """A stored exception payload ``{"type", "message", "args"}`` ready to show
+    (plus ``"where"`` when the run's workflow module failed to import)."""
 
     type: str
     message: str
@@ -65,6 +66,7 @@ class DecodedError:
     terminal_payload_json: str = ""
     is_uncertain: bool = False
     raw_json: str = ""
+    where: dict | None = None  # a workflows module's import error: module, file, line
 
 
 def decode_error(payload) -> DecodedError | None:
@@ -87,6 +89,9 @@ def decode_error(payload) -> DecodedError | None:
         decoded.terminal_reason = str(args[0]) if args else decoded.message
         decoded.terminal_payload_json = pretty_json(args[1] if len(args) > 1 else None)
     decoded.is_uncertain = error_type == EFFECT_UNCERTAIN_TYPE
+    where = payload.get("where")
+    if isinstance(where, dict):
+        decoded.where = {key: str(where.get(key, "")) for key in ("module", "file", "line")}
     return decoded
 
 

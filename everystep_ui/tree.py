@@ -146,6 +146,9 @@ def intended_steps(workflow_name: str) -> tuple[list[tuple[str, str]], str]:
         return [], "static analysis is not available (everystep.graph is missing)"
     spec = registry.get_workflow(workflow_name)
     if spec is None:
+        failure = registry.import_failure(workflow_name)
+        if failure is not None:
+            return [], f"its {failure.summary()}"
         return [], f"no workflow named {workflow_name} is registered in this process"
     try:
         graph = analyse(spec.func)

@@ -2,6 +2,8 @@ import pytest
 from django.conf import settings
 
 from everystep import runner
+from tests.scratch import scratch_modules  # noqa: F401  (a fixture for every test package)
+from tests.throwaway_postgres import ThrowawayPostgres
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
 
@@ -23,3 +25,16 @@ def pytest_collection_modifyitems(items):
             continue
         args, kwargs = (marker.args, marker.kwargs) if marker else ((), {})
         item.add_marker(pytest.mark.django_db(*args, **{**kwargs, "databases": "__all__"}), append=False)
+
+
+@pytest.fixture
+def throwaway_postgres():
+    """A running PostgreSQL server of the test's own (tests/throwaway_postgres.py),
+    for tests that restart or stop one; removed at the end, also when the test fails.
+
+    Such tests belong to the PostgreSQL pass: they skip on the others, and in the
+    PostgreSQL pass missing server binaries are an error, not a skip."""
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        pytest.skip("restarts a PostgreSQL server of its own: runs in the PostgreSQL pass")
+    with ThrowawayPostgres() as server:
+        yield server

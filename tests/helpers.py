@@ -1,7 +1,11 @@
 """Drive runs in-process, without a worker process."""
 
-from everystep import runner
+from contextlib import contextmanager
+from unittest import mock
+
+from everystep import operations, runner
 from everystep.api import schedule
+from everystep.errors import SimulatedCrash
 from everystep.models import Workflow
 
 CLAIMER = "test-runner"
@@ -24,3 +28,16 @@ def run_once(run: Workflow, claimer: str = CLAIMER, **kwargs) -> Workflow:
 def run_workflow(func, *args, **kwargs) -> Workflow:
     """Schedule ``func(*args)`` and execute it in-process to the end of one pass."""
     return run_once(schedule(func, *args), **kwargs)
+
+
+@contextmanager
+def crash_before_end():
+    """The process dies after the run's last step record and before its end is
+    written: ``runner.execute`` raises ``SimulatedCrash`` and the run is left
+    ``running`` under its claimer with all its step rows."""
+
+    def die(*args, **kwargs):
+        raise SimulatedCrash("crash before the run's end was written")
+
+    with mock.patch.object(operations, "finish_run", die):
+        yield

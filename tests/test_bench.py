@@ -1,33 +1,49 @@
 """The benchmark harness keeps working: each script under bench/ runs at a tiny
 size against PostgreSQL and writes its figures, and the summary judges each
-figure against its target. Nothing here asserts anything about speed."""
+figure against its target. Nothing here asserts anything about speed. Each
+script works in a database of its own on the suite's server, and drops it."""
 
 import json
-import os
+import re
+import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from bench.run import summary_rows
+from tests.scripts import ROOT, run_script
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def server_url(database: str) -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{database}"
+
+
+def database_exists(name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        return cursor.fetchone() is not None
+
+
+def scratch_name(output: str) -> str:
+    found = re.search(r"^database (\S+) \(dropped at exit\)$", output, re.M)
+    assert found, output
+    return found[1]
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess:
-    """``python bench/<argv>`` on a database of its own, next to the test database."""
+    """``python bench/<argv>`` on a database of its own next to the test
+    database; that database is gone once the script has exited."""
     if connection.vendor != "postgresql":
         pytest.skip("the benchmarks run against PostgreSQL")
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/everystep_bench_smoke"
-    done = subprocess.run(
-        [sys.executable, f"bench/{argv[0]}", *argv[1:]],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "EVERYSTEP_BENCH_DATABASE_URL": url},
+    done = run_script(
+        f"bench/{argv[0]}", *argv[1:], timeout=300,
+        env={"EVERYSTEP_BENCH_DATABASE_URL": server_url("everystep_bench_smoke")},
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert not database_exists(scratch_name(done.stdout))
     return done
 
 
@@ -38,6 +54,39 @@ def figures_of(tmp_path, *argv: str) -> dict:
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+
+# A script that dies of an exception, or is stopped, after making its database.
+DIES = """
+import sys, time
+sys.path.insert(0, {root!r})
+from bench.common import scratch_database
+scratch_database({url!r}, "dies")
+{then}
+"""
+
+
+def test_a_failed_benchmark_drops_its_database():
+    if connection.vendor != "postgresql":
+        pytest.skip("the benchmarks run against PostgreSQL")
+    script = DIES.format(root=str(ROOT), url=server_url("everystep_bench_smoke"),
+                         then="raise RuntimeError('the benchmark broke')")
+    done = run_script("-c", script, timeout=60)
+    assert done.returncode == 1 and "the benchmark broke" in done.stderr
+    assert not database_exists(scratch_name(done.stdout))
+
+
+def test_a_stopped_benchmark_drops_its_database():
+    if connection.vendor != "postgresql":
+        pytest.skip("the benchmarks run against PostgreSQL")
+    script = DIES.format(root=str(ROOT), url=server_url("everystep_bench_smoke"), then="time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    name = scratch_name(proc.stdout.readline())
+    assert database_exists(name)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    proc.stdout.close()
+    assert not database_exists(name)
 
 
 def test_step_overhead_and_replay(tmp_path):

@@ -130,6 +130,11 @@ def in_flight(name: str, delta: int) -> None:
         metrics.in_flight(name, delta)
 
 
+def reconnected(name: str) -> None:
+    if metrics is not None:
+        metrics.reconnected(name)
+
+
 def serve_worker_metrics(port: int, bind: str = "0.0.0.0"):
     """Serve this process's metrics over HTTP on a daemon thread (``--metrics-port``).
 

@@ -48,6 +48,11 @@ runs_requeued = Counter(
     "Runs a worker handed back to scheduled (drain, database outage).",
     ["runner"],
 )
+reconnects = Counter(
+    "everystep_worker_database_reconnects",
+    "Times a worker got the database back after losing it (its claim loop or its LISTEN connection).",
+    ["runner"],
+)
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
 start_time = Gauge(
@@ -97,6 +102,10 @@ def requeued(name: str, n: int) -> None:
 
 def in_flight(name: str, delta: int) -> None:
     runs_in_flight.labels(name).inc(delta)
+
+
+def reconnected(name: str) -> None:
+    reconnects.labels(name).inc()
 
 
 def serve_worker_metrics(port: int, bind: str):

@@ -5,7 +5,7 @@ from everystep.api import schedule
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Step, Workflow
 from tests.core import workflows as w
-from tests.helpers import CLAIMER, claim, run_workflow
+from tests.helpers import CLAIMER, claim, crash_before_end, run_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,3 +150,28 @@ def test_deeply_nested_argument_is_refused_by_schedule_and_nothing_is_written():
     with pytest.raises(EverystepError, match="nested too deeply"):
         schedule(w.typed_values, nested)
     assert not Workflow.objects.exists()
+
+
+@pytest.mark.parametrize("workflow", [w.terminal_then_more, w.terminal_in_branch_caught])
+def test_a_recorded_terminal_stops_the_run_again_on_replay(workflow):
+    """The body catches the Terminal; a crash after its record and before the
+    run's end must not let the resumed run go on past it."""
+    run = schedule(workflow)
+    with crash_before_end(), pytest.raises(SimulatedCrash):
+        runner.execute(claim(run), CLAIMER)
+    row = Workflow.objects.get(id=run.id)
+    assert row.status == "running"
+    failed = [step.error["type"] for step in row.steps.filter(status="failed")]
+    assert failed == ["everystep.errors.Terminal"]
+    recorded = sorted(row.steps.values_list("step_id", "status"))
+    runner.execute(row, CLAIMER)  # the restarted worker resumes it
+    row.refresh_from_db()
+    assert row.status == "stopped"
+    assert row.error["type"] == "everystep.errors.Terminal"
+    assert w.effects["never"] == 0
+    assert w.effects["stop_here"] == 1
+    now = set(row.steps.values_list("step_id", "status"))
+    assert set(recorded) <= now
+    # Only the parallel sibling may be new: if the first pass's stop came before
+    # it started, the replayed stop and the sibling race again.
+    assert now - set(recorded) <= {("1.1.1", "done")}

@@ -121,6 +121,13 @@ def terminal_in_branch():
 
 
 @workflow
+def terminal_in_branch_caught():
+    with contextlib.suppress(Terminal):
+        parallel(lambda: stop_here("branch says stop"), lambda: record("sibling"))
+    record("never")
+
+
+@workflow
 def two_branch_failures():
     try:
         parallel(lambda: boom("one"), lambda: boom("two"), lambda: record("healthy"))

@@ -54,6 +54,7 @@ SCRIPT = textwrap.dedent(
     observability.claimed("w", 1)
     observability.in_flight("w", 1)
     observability.requeued("w", 1)
+    observability.reconnected("w")
     try:
         observability.serve_worker_metrics(0, "127.0.0.1")
     except EverystepError as exc:

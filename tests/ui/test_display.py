@@ -36,6 +36,14 @@ def test_effect_uncertain_errors_are_recognised():
     assert decode_error({"type": "everystep.errors.EffectUncertain", "message": "m"}).is_uncertain
 
 
+def test_where_an_import_error_was_raised_is_shown_only_when_readable():
+    payload = {"type": "builtins.KeyError", "message": "'region'", "args": ["region"]}
+    where = {"module": "shop.workflows", "file": "/srv/shop/workflows.py", "line": 7}
+    assert decode_error({**payload, "where": where}).where == {**where, "line": "7"}
+    assert decode_error({**payload, "where": "line 7"}).where is None
+    assert decode_error(payload).where is None
+
+
 def test_the_resolve_command_names_run_and_step():
     assert resolve_command("RUN", "3.0.1") == (
         "python manage.py everystep_resolve_step RUN 3.0.1 (--result JSON | --error MESSAGE | --discard)"

@@ -1,16 +1,12 @@
 """Retry, Stop and Resolve clicked in a real headless Chromium, with an embedded
-worker running the runs against the same test database.
-
-EVERYSTEP_SCREENSHOTS=1 also saves docs/run-detail.png (a demo fan_out run)
-and docs/overview.png.
+worker running the runs against the same test database. (The screenshots in
+docs/images/ come from ./scripts/screenshots, which drives the demo itself.)
 """
 
 import datetime as dt
-import os
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -26,8 +22,6 @@ from tests.worker.support import wait_for
 
 from . import control_workflows as flows
 from .conftest import CHROMIUM, CHROMIUM_ARGS, off_the_browser_loop
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -192,7 +186,7 @@ def test_resolve_a_blocked_run_through_the_form(browser, start_worker):
 
 
 def test_a_demo_run_page_and_the_overview(browser, start_worker):
-    """The pages as the demo shows them (and the screenshots in docs/)."""
+    """The pages as the demo shows them."""
     from demo_project.demo import workflows as demo
 
     worker = start_worker()
@@ -207,8 +201,6 @@ def test_a_demo_run_page_and_the_overview(browser, start_worker):
     pack.locator("summary").click()
     pack.locator(".es-step-payloads").wait_for()
     assert '"packed 7"' in pack.inner_text()
-    if os.environ.get("EVERYSTEP_SCREENSHOTS") == "1":
-        browser.screenshot(path=str(DOCS / "run-detail.png"), full_page=True)
 
     stop(worker)  # it would claim the waiting runs below
     off_the_browser_loop(busy_hour)
@@ -216,8 +208,6 @@ def test_a_demo_run_page_and_the_overview(browser, start_worker):
     assert browser.locator('[data-status="blocked"]').inner_text() == "1"
     assert browser.locator("svg.es-chart rect.es-chart-failed").count() > 0
     assert "worker-a@host-1" in browser.locator(".es-runners").inner_text()
-    if os.environ.get("EVERYSTEP_SCREENSHOTS") == "1":
-        browser.screenshot(path=str(DOCS / "overview.png"), full_page=True)
 
 
 def busy_hour():

@@ -10,6 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from everystep import database, registry
+from everystep.models import Workflow
+from tests.helpers import run_once
 
 from .conftest import CHECKOUT, HTMX
 
@@ -92,6 +94,22 @@ def test_a_blocked_run_tells_how_to_resolve_it(admin_client, make_run):
 def test_an_unreadable_error_payload_is_shown_as_stored(admin_client, make_run):
     html = admin_client.get(run_page(make_run(status="failed", error="just a string"))).text
     assert "&quot;just a string&quot;" in html
+
+
+def test_a_run_whose_module_failed_to_import_shows_that_error_and_where(admin_client, scratch_modules):
+    module = f"{scratch_modules.prefix}_flows"
+    path = scratch_modules.write(f"{module}.py", "from everystep import workflow\n\nTIMEOUT = int('ten')\n")
+    run = run_once(Workflow.objects.create(name=f"{module}.flow", args=[]))  # failed as a worker fails it
+    html = admin_client.get(run_page(run)).text
+    assert '<span class="es-badge es-status-failed">failed</span>' in html
+    assert "<code>builtins.ValueError</code>" in html
+    assert "invalid literal for int() with base 10: &#x27;ten&#x27;" in html
+    assert (
+        f'<th scope="row">Where</th><td>raised while importing <code>{module}</code>, '
+        f"at <code>{path}</code>, line 3</td>"
+    ) in html
+    # No pending steps, and why.
+    assert f"its module &#x27;{module}&#x27; failed to import: ValueError" in html
 
 
 def test_stored_script_renders_inert(admin_client, make_run):

@@ -2,10 +2,15 @@ import signal
 import threading
 
 import pytest
+from django.core.management import call_command
+from django.db import connections
+from django.db.utils import load_backend
+from django.test import override_settings
 
 from everystep.worker import Worker
+from tests.settings import database_from_url
 from tests.worker import workflows
-from tests.worker.support import WorkerProcess
+from tests.worker.support import THROWAWAY, ToThrowaway, WorkerProcess
 
 
 @pytest.fixture(autouse=True)
@@ -19,8 +24,11 @@ def spawn_worker(tmp_path):
     database is flushed, which would otherwise wait on their locks)."""
     started = []
 
-    def spawn(name: str, *args: str) -> WorkerProcess:
-        proc = WorkerProcess(name, list(args), tmp_path / f"worker-{name}-{len(started)}.log")
+    def spawn(
+        name: str, *args: str, database_url: str | None = None, extra_env: dict | None = None
+    ) -> WorkerProcess:
+        output = tmp_path / f"worker-{name}-{len(started)}.log"
+        proc = WorkerProcess(name, list(args), output, database_url=database_url, extra_env=extra_env)
         started.append(proc)
         return proc
 
@@ -53,3 +61,26 @@ def start_worker():
     for worker in running:
         worker.thread.join(timeout=30)
         assert not worker.thread.is_alive(), f"worker {worker.name} did not stop"
+
+
+@pytest.fixture
+def throwaway_database(throwaway_postgres, transactional_db):
+    """A migrated database on the test's own PostgreSQL server, for tests that
+    restart it; yields its URL (``spawn_worker(..., database_url=url)``). While
+    the test runs, its own queries (``schedule()``, ``Workflow.objects``) go
+    there too: the Django alias ``THROWAWAY``, made everystep's database
+    (``EVERYSTEP_DATABASE``) and the target of every other query by a router.
+    ``connections["default"]`` stays the database the suite was given."""
+    url = throwaway_postgres.create_database("everystep")
+    both = {"default": connections.settings["default"], THROWAWAY: database_from_url(url)}
+    config = connections.configure_settings(both)[THROWAWAY]  # Django's defaults filled in
+    # A connection made here, not declared in DATABASES: Django's test case
+    # allows such a connection (it forbids declared aliases the test did not ask for).
+    connections[THROWAWAY] = load_backend(config["ENGINE"]).DatabaseWrapper(config, THROWAWAY)
+    try:
+        with override_settings(DATABASE_ROUTERS=[ToThrowaway()], EVERYSTEP_DATABASE=THROWAWAY):
+            call_command("migrate", database=THROWAWAY, verbosity=0)
+            yield url
+    finally:
+        connections[THROWAWAY].close()
+        del connections[THROWAWAY]

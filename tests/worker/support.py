@@ -1,6 +1,7 @@
 """Helpers for the worker tests: waiting, and worker subprocesses."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -48,12 +49,22 @@ def database_url(conn) -> str:
 
 
 class WorkerProcess:
-    """``python -m django everystep_worker`` in a subprocess, its output in a file."""
+    """``python -m django everystep_worker`` in a subprocess, its output in a file;
+    on the test database unless given another ``database_url``."""
 
-    def __init__(self, name: str, args: list, output: Path):
+    def __init__(
+        self, name: str, args: list, output: Path, *, database_url: str | None = None,
+        extra_env: dict | None = None,
+    ):
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
-        env.pop("EVERYSTEP_TEST_DATABASE_URL", None)
-        env.update(database_env())
+        for key in ("EVERYSTEP_TEST_DATABASE_URL", "EVERYSTEP_TEST_ENGINE_DATABASE_URL"):
+            env.pop(key, None)
+        if database_url:  # one database of another server: everything in it
+            env.pop("EVERYSTEP_TEST_SPLIT", None)
+            env["EVERYSTEP_TEST_DATABASE_URL"] = database_url
+        else:
+            env.update(database_env())
+        env.update(extra_env or {})  # e.g. other settings
         self.name = name
         self.output = output
         self._file = open(output, "ab")  # noqa: SIM115  (closed in wait())
@@ -80,6 +91,25 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.output.read_text(errors="replace")
+
+
+THROWAWAY = "throwaway"  # the Django alias of a database on the test's own PostgreSQL server
+
+
+class ToThrowaway:
+    """A database router: every query of the test process goes to ``THROWAWAY``."""
+
+    def db_for_read(self, model, **hints):
+        return THROWAWAY
+
+    def db_for_write(self, model, **hints):
+        return THROWAWAY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def stop_and_join(worker, timeout: float = 30) -> None:

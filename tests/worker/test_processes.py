@@ -1,16 +1,17 @@
 """Real worker processes (``python -m django everystep_worker``), real signals."""
 
+import re
 import signal
-import subprocess
+import urllib.request
 from collections import Counter
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from everystep.api import schedule
 from everystep.models import Workflow
 from tests.worker import workflows as w
-from tests.worker.support import wait_for
+from tests.worker.support import THROWAWAY, free_port, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -99,30 +100,33 @@ def test_several_workers_share_the_queue_without_claiming_a_run_twice(tmp_path, 
     assert not Workflow.objects.filter(status=S.RUNNING).exists()
 
 
-def test_a_database_restart_does_not_lose_runs_or_the_worker(tmp_path, spawn_worker):
-    if connection.vendor != "postgresql":
-        pytest.skip("restarts the local PostgreSQL cluster")
+def test_a_database_restart_does_not_lose_runs_or_the_worker(
+    tmp_path, throwaway_postgres, throwaway_database, spawn_worker
+):
+    """The worker runs on a PostgreSQL server the test started for itself, and
+    that server is restarted under it; the server the suite was given is not."""
+    given_server_started = postmaster_start_time("default")
     log = str(tmp_path / "log")
     runs = [schedule(w.chain, log, 4, 0.3) for _ in range(3)]
-    worker = spawn_worker("survivor", "--pool", "4", "--poll", "0.1")
+    metrics = free_port()
+    worker = spawn_worker(
+        "survivor", "--pool", "4", "--poll", "0.1", "--metrics-port", str(metrics),
+        "--metrics-bind", "127.0.0.1", database_url=throwaway_database,
+    )
     wait_for(lambda: runs_of(log, "end"), timeout=30, what="the first step to end")
 
-    connection.close()
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"], check=True, timeout=60
-    )
-    wait_for(
-        lambda: subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"]).returncode == 0,
-        timeout=30,
-        what="PostgreSQL to be back",
-    )
+    started = throwaway_postgres.start_time()
+    throwaway_postgres.restart()
+    assert throwaway_postgres.start_time() > started
+    connections[THROWAWAY].close()  # the restart cut off the test's own session too
     late = schedule(w.chain, log, 1)  # claimed by the worker after the restart
 
-    def all_done():
-        connection.close_if_unusable_or_obsolete()
-        return not Workflow.objects.exclude(status=S.COMPLETED).exists()
-
-    wait_for(all_done, timeout=90, interval=0.5, what="every run to complete after the restart")
+    wait_for(
+        lambda: not Workflow.objects.exclude(status=S.COMPLETED).exists(),
+        timeout=90,
+        interval=0.5,
+        what="every run to complete after the restart",
+    )
     assert worker.alive(), worker.log()
     assert all(row(run).result == [1, 2, 3, 4] for run in runs)
     assert row(late).status == S.COMPLETED
@@ -130,6 +134,22 @@ def test_a_database_restart_does_not_lose_runs_or_the_worker(tmp_path, spawn_wor
     # (at-least-once); each is recorded exactly once.
     assert len(runs_of(log, "end")) == 13
     assert all(row(run).steps.count() == 4 for run in runs)
+
+    # The worker saw the outage: both its connections were lost and came back,
+    # and its metrics counted each comeback it logged.
+    wait_for(lambda: "LISTEN connection back" in worker.log(), what="the LISTEN connection to come back")
+    output = worker.log()
+    assert output.index("cannot claim") < output.index("database back after"), output
+    assert output.index("LISTEN connection lost") < output.index("LISTEN connection back after"), output
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+    counted = re.search(r'^everystep_worker_database_reconnects_total\{runner="survivor"} (\S+)$', body, re.M)
+    assert counted and float(counted[1]) == output.count(" back after "), body
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.log()
-    assert "database" in worker.log().lower()  # it noticed, logged, and carried on
+    assert postmaster_start_time("default") == given_server_started  # never restarted
+
+
+def postmaster_start_time(alias: str):
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        return cursor.fetchone()[0]

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep.errors import EverystepError
+from everystep.errors import EverystepError, WorkflowImportError
 from everystep.worker import Worker, exit_now_if_abandoned
 
 
@@ -51,6 +51,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc))
         try:
             worker.run()
+        except WorkflowImportError as exc:
+            for failure in exc.failures:
+                self.stderr.write(failure.traceback)
+            raise CommandError(str(exc))
         except EverystepError as exc:  # at start-up, e.g. the metrics port is taken
             raise CommandError(str(exc))
         exit_now_if_abandoned(worker)
