@@ -6,6 +6,10 @@ works from a module that settings import. The public names load on first use.
 
 from importlib import import_module
 
+# The one place the version is written: pyproject.toml reads it (setuptools'
+# dynamic version), CHANGELOG.md says what each version brought.
+__version__ = "0.2.0.dev0"
+
 __all__ = [
     "workflow",
     "step",

@@ -174,13 +174,27 @@ class Worker:
             )
             self._listener.start()
         executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="everystep-run")
-        logger.info("worker %r started (pool %d, poll %ss)", self.name, self.pool_size, self.poll)
+        logger.info("%s", self._started_line(engine_db))
         try:
             self._loop(executor)
         finally:
             self._shutdown(executor)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _started_line(self, engine_db) -> str:
+        """What a newcomer needs to know the worker is set up right: where it
+        claims from, how it hears of new runs, and which workflows it can run."""
+        pickup = "LISTEN on" if self._listener is not None else f"LISTEN off, polling every {self.poll:g}s"
+        names = registry.workflow_names()
+        if names:
+            found = f"{len(names)} workflow{'s' if len(names) > 1 else ''}: {', '.join(names)}"
+        else:
+            found = "no workflows found in the installed apps' workflows modules"
+        return (
+            f"worker {self.name!r} started: pool {self.pool_size}, {engine_db.display_name} "
+            f"database {engine_db.alias!r}, {pickup}, {found}"
+        )
 
     def stop(self) -> None:
         """Stop claiming and drain. A second call (or signal) cuts the drain short."""
@@ -215,6 +229,13 @@ class Worker:
                     fresh = claims.claim_runs(self.name, free - len(claimed), exclude=in_flight)
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
+                    if claimed:
+                        logger.debug(
+                            "worker %r claimed %d run(s): %s",
+                            self.name,
+                            len(claimed),
+                            ", ".join(f"{run.id} {run.name}" for run in claimed),
+                        )
                     backoff = self.poll
                     if lost_at is not None:
                         self._reconnected("database", lost_at)
@@ -243,10 +264,13 @@ class Worker:
 
     def _execute(self, slot: _Slot) -> None:
         run = slot.run
+        began = time.monotonic()
         try:
             status = runner.execute(run, self.name, leave_check=slot.leave_check)
             if status is None:
                 self._after_leaving(slot)
+            else:
+                self._log_end(run, status, time.monotonic() - began)
         except _CONNECTION_ERRORS as exc:
             # The database went away outside the body: the run is fine, put it back.
             logger.warning("run %s: database unavailable (%s); requeueing it", run.id, exc)
@@ -269,6 +293,23 @@ class Worker:
             observability.in_flight(self.name, -1)
             connections.close_all()  # this thread's connections only
             self._waker.wake()  # a slot is free
+
+    def _log_end(self, run: Workflow, status: str, seconds: float) -> None:
+        """One line per run that leaves this worker, as runserver logs a request."""
+        if not logger.isEnabledFor(logging.INFO):
+            return  # spares the error's query below
+        if status == Status.SCHEDULED:
+            logger.info("run %s %s requeued after %.2fs", run.id, run.name, seconds)
+            return
+        why, error = "", None
+        if status != Status.COMPLETED:
+            # A log line must never break the run's handling: without the reason, it still goes out.
+            with contextlib.suppress(Exception):
+                error = Workflow.objects.filter(id=run.id).values_list("error", flat=True).first()
+            if isinstance(error, dict) and error.get("message") is not None:
+                message = str(error["message"]).strip().splitlines() or [""]
+                why = f": {error.get('type', 'error')}: {message[0]}"
+        logger.info("run %s %s %s in %.2fs%s", run.id, run.name, status, seconds, why)
 
     def _after_leaving(self, slot: _Slot) -> None:
         """The run left without its end written: hand it back if a stale control

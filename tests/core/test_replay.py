@@ -78,6 +78,20 @@ def test_divergence_fails_the_run_naming_step_and_functions():
     assert w.effects["c"] == 1  # nothing after the divergence ran on the second pass
 
 
+def test_a_recorded_terminal_stays_final_on_replay():
+    """The worker died after the Terminal step was recorded and before the run's
+    end was written: the replay serves the Terminal, the body swallows it again,
+    and still no further step starts."""
+    row = run_workflow(w.terminal_then_more)
+    assert row.status == "stopped" and w.effects["never"] == 0
+    Workflow.objects.filter(id=row.id).update(status="running", error=None, completed_at=None)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert (row.status, row.error["message"]) == ("stopped", "customer cancelled")
+    assert (w.effects["start"], w.effects["stop_here"], w.effects["never"]) == (1, 1, 0)
+    assert list(row.steps.values_list("step_id", flat=True)) == ["1", "2"]
+
+
 def test_non_serializable_argument_fails_before_the_step_runs():
     row = run_workflow(w.unserializable_argument)
     assert row.status == "failed"

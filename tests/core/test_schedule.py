@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import threading
@@ -10,6 +11,7 @@ from everystep.api import schedule
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests.core import workflows as w
+from tests.worker.support import wait_for
 
 
 @pytest.mark.django_db
@@ -87,14 +89,95 @@ def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactio
     assert Workflow.objects.filter(idempotency_key="race").count() == 1
 
 
-def test_importing_everystep_imports_no_models():
+def lock_waiter(vendor: str):
+    """This session's id, and a query telling whether a session waits on a row lock."""
+    with database.connection().cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+            query = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+            return cursor.fetchone()[0], query
+        cursor.execute("SELECT CONNECTION_ID()")
+        query = (
+            "SELECT trx_state = 'LOCK WAIT' FROM information_schema.innodb_trx "
+            "WHERE trx_mysql_thread_id = %s"
+        )
+        return cursor.fetchone()[0], query
+
+
+@pytest.mark.django_db(transaction=True)
+def test_losing_the_idempotency_race_returns_the_winner_and_keeps_the_transaction_usable():
+    """The loser's lookup runs before the winner commits (so it finds nothing) and
+    its insert waits on the winner's row; the winner commits only once that wait
+    is seen, so the loser's insert really conflicts."""
+    if database.connection().vendor == "sqlite":
+        pytest.skip("SQLite's BEGIN IMMEDIATE serializes the callers: the loser's lookup finds the winner")
+    inserted, loser_waits = threading.Event(), threading.Event()
+    session: list = []
+    ids, errors = {}, []
+
+    def winner():
+        try:
+            with transaction.atomic(using=database.alias()):
+                ids["winner"] = schedule(w.sequential, 1, idempotency_key="race").id
+                inserted.set()
+                assert loser_waits.wait(30), "the loser's insert never waited on the winner's row"
+        except Exception as exc:  # reported below
+            errors.append(exc)
+            inserted.set()
+        finally:
+            database.connection().close()
+
+    def loser():
+        try:
+            assert inserted.wait(30)
+            with transaction.atomic(using=database.alias()):
+                session.append(lock_waiter(database.connection().vendor))
+                run = schedule(w.sequential, 2, idempotency_key="race")
+                # the caller's transaction is still usable after losing the race
+                assert Workflow.objects.filter(id=run.id).exists()
+            ids["loser"] = run.id
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            database.connection().close()
+
+    threads = [threading.Thread(target=winner), threading.Thread(target=loser)]
+    for thread in threads:
+        thread.start()
+
+    def loser_is_waiting():
+        if not session:
+            return False
+        pid, query = session[0]
+        with database.connection().cursor() as cursor:
+            cursor.execute(query, [pid])
+            row = cursor.fetchone()
+        return bool(row and row[0])
+
+    try:
+        wait_for(loser_is_waiting, timeout=30, interval=0.01, what="the loser's insert to wait on the winner")
+    finally:
+        loser_waits.set()
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert ids["loser"] == ids["winner"]
+    row = Workflow.objects.get(idempotency_key="race")
+    assert row.args == [1]
+
+
+def test_importing_everystep_imports_no_models_and_needs_no_settings():
+    """A project's settings module may import everystep: nothing at import time
+    may load models or read settings (here none are configured)."""
     code = (
         "import sys, everystep\n"
         "from everystep import database, step, workflow, parallel, schedule, Terminal\n"
         "from everystep import context, serde, errors\n"
+        "from django.conf import settings\n"
         "assert 'everystep.models' not in sys.modules, 'models imported'\n"
-        "assert 'django.apps' not in sys.modules or True\n"
+        "assert not settings.configured, 'settings were read'\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.strip() == "ok", out.stderr

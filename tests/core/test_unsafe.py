@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from everystep import database, operations, runner
+from everystep import claims, database, operations, runner
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Workflow
 from tests.core import workflows as w
@@ -49,6 +49,20 @@ def test_completed_unsafe_step_updates_its_started_row_in_place():
 def test_blocked_run_is_not_claimable():
     row = blocked_run()
     assert not Workflow.objects.claimable().filter(id=row.id).exists()
+    assert claims.claim_runs("another-worker", 10) == []
+    assert Workflow.objects.get(id=row.id).status == "blocked"
+
+
+def test_an_unsafe_step_finishing_after_its_run_was_stopped_records_nothing():
+    def operator_stops_during_the_effect(ctx, step_id):
+        if step_id == "1":
+            operations.stop_run(ctx.workflow_id, actor="alice")
+
+    runner.fault = operator_stops_during_the_effect  # between the effect and its record
+    row = run_workflow(w.pays, 6)
+    assert (row.status, row.error["message"]) == ("stopped", "stopped by an operator (alice)")
+    assert list(row.steps.values_list("step_id", "status")) == [("1", "started")]
+    assert (w.effects["charge:6"], w.effects["shipped"]) == (1, 0)
 
 
 def test_resolve_with_result_finishes_the_run_without_repeating_the_effect():
@@ -102,40 +116,48 @@ def test_step_no_longer_unsafe_is_reexecuted_and_completed_in_place():
     assert w.effects["charge:7"] == 2
 
 
-def test_racing_claimant_cannot_run_the_effect_twice():
-    """Two workers replay the same run at once: the started insert admits one."""
+def test_racing_claimant_cannot_run_the_effect_twice(monkeypatch):
+    """Two workers replay the same run at once, both finding the store empty: the
+    ``started`` insert admits one of them to the effect, the other blocks the run."""
+    from everystep import statements
     from everystep.api import schedule
 
     run = schedule(w.pays, 3)
     claim(run)
-    gate = threading.Barrier(2, timeout=10)
-    original = w.charge.__everystep__.func
+    # Each replay loads the run's outcomes, then waits until the other has loaded
+    # them too: both see no row for step 1, so both go for the started insert.
+    both_loaded = threading.Barrier(2, timeout=30)
+    real_load = statements.load_outcomes
 
-    def slow_charge(amount):
-        gate.wait()  # both claimants have reached the step; only one got here
-        return original(amount)
+    def load_then_meet(run_id):
+        rows = list(real_load(run_id))
+        both_loaded.wait()
+        return iter(rows)
 
-    results = []
+    monkeypatch.setattr(statements, "load_outcomes", load_then_meet)
+    results, errors = [], []
 
     def replay():
         try:
             results.append(runner.execute(Workflow.objects.get(id=run.id), CLAIMER))
+        except Exception as exc:  # reported below
+            errors.append(exc)
         finally:
             database.connection().close()
 
-    spec = w.charge.__everystep__
-    object.__setattr__(spec, "func", slow_charge)
-    try:
-        threads = [threading.Thread(target=replay) for _ in range(2)]
-        for t in threads:
-            t.start()
-        gate.wait()  # stand in for the claimant that lost
-        for t in threads:
-            t.join(10)
-    finally:
-        object.__setattr__(spec, "func", original)
+    threads = [threading.Thread(target=replay) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
     assert w.effects["charge:3"] == 1
-    assert Workflow.objects.get(id=run.id).status in {"blocked", "completed"}
+    row = Workflow.objects.get(id=run.id)
+    # One replay wrote the run's end; the other found it moved on and wrote nothing.
+    assert sorted(results, key=str) == sorted([row.status, None], key=str)
+    assert row.status in {"blocked", "completed"}
+    assert row.steps.get(step_id="1").status in {"started", "done"}
 
 
 @pytest.mark.parametrize(
@@ -161,6 +183,27 @@ def test_resolve_refuses_a_run_that_is_not_blocked():
     row = run_workflow(w.pays, 1)
     with pytest.raises(EverystepError, match="is completed, not blocked"):
         operations.resolve_step(row.id, "1", result=1)
+
+
+def test_resolve_refuses_a_step_that_is_not_the_started_one():
+    def crash_after_the_charge(ctx, step_id):
+        if step_id == "2":
+            runner.fault = None
+            raise SimulatedCrash("power cut after the charge")
+
+    runner.fault = crash_after_the_charge
+    row = run_workflow(w.prepares_then_pays, 4)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)  # the restarted worker blocks it
+    row.refresh_from_db()
+    assert row.status == "blocked"
+    steps_before = list(row.steps.values_list("step_id", "status", "result", "error"))
+    assert [step[:2] for step in steps_before] == [("1", "done"), ("2", "started")]
+    for resolution in ({"result": "forged"}, {"error": "forged"}, {"discard": True}):
+        with pytest.raises(EverystepError, match=r"step '1' is not a started step .*started steps: 2\)"):
+            operations.resolve_step(row.id, "1", **resolution)
+    row.refresh_from_db()
+    assert (row.status, row.error["type"]) == ("blocked", "everystep.errors.EffectUncertain")
+    assert list(row.steps.values_list("step_id", "status", "result", "error")) == steps_before
 
 
 def test_resolve_command_records_a_result(capsys):

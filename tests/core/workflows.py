@@ -150,6 +150,13 @@ def pays(amount):
 
 
 @workflow
+def prepares_then_pays(amount):
+    record("prepared")
+    charge(amount)
+    return record("shipped")
+
+
+@workflow
 def pays_with_cleanup(amount):
     try:
         charge(amount)

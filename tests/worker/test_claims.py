@@ -62,6 +62,39 @@ def test_the_claim_query_uses_the_partial_index_on_postgresql():
     assert Workflow.objects.filter(status="scheduled").count() == 50
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_skips_runs_another_claimer_has_locked_instead_of_waiting():
+    if database.connection().vendor != "postgresql":
+        pytest.skip("SKIP LOCKED is PostgreSQL's claim; MariaDB/MySQL's claim waits on the lock")
+    older, newer = (Workflow.objects.create(name=CHAIN, args=[]) for _ in range(2))
+    locked, release = threading.Event(), threading.Event()
+
+    def other_claimer():  # holds the oldest run's row lock, as a claim in progress does
+        try:
+            with database.atomic():
+                Workflow.objects.select_for_update().get(id=older.id)
+                locked.set()
+                release.wait(60)
+        finally:
+            database.connection().close()
+
+    thread = threading.Thread(target=other_claimer)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        with database.connection().cursor() as cursor:
+            # Only bounds a claim that waits (the broken case): it fails instead of hanging.
+            cursor.execute("SET lock_timeout = '5s'")
+        claimed = claims.claim_runs("w1", 2)
+    finally:
+        release.set()
+        thread.join(60)
+        with database.connection().cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert [run.id for run in claimed] == [newer.id]
+    assert Workflow.objects.get(id=older.id).status == "scheduled"
+
+
 @pytest.mark.django_db(transaction=True)  # a real transaction, as in the worker: no savepoints
 def test_claim_query_count(django_assert_num_queries):
     # SQLite claims in one autocommit UPDATE ... RETURNING; MariaDB/MySQL in a

@@ -170,6 +170,27 @@ def test_requeue_is_refused_from_other_statuses(status):
     assert snapshot(run) == before
 
 
+def test_requeue_is_guarded_on_the_expected_claimer():
+    run = make_run(S.RUNNING, claimed_by="w2")  # claimed by w2 since the operator saw w1
+    before = snapshot(run)
+    with pytest.raises(EverystepError, match="moved on: it is running under w2 now, not w1"):
+        operations.requeue_run(run.id, expected_claimer="w1")
+    assert snapshot(run) == before
+
+
+def test_release_hands_back_only_a_run_still_running_under_that_claimer():
+    """A worker leaving a run (drain, stale notice) must not take it from the worker
+    that claimed it since, nor reopen a run that ended."""
+    taken = make_run(S.RUNNING, claimed_by="w2")
+    stopped = make_run(S.STOPPED, claimed_by="w1")
+    before = [snapshot(taken), snapshot(stopped)]
+    assert not operations.release_run(taken.id, "w1")
+    assert not operations.release_run(stopped.id, "w1")
+    assert [snapshot(taken), snapshot(stopped)] == before
+    assert operations.release_run(taken.id, "w2")
+    assert snapshot(taken)[:2] == (S.SCHEDULED, None)
+
+
 def test_requeue_claimer_takes_only_that_workers_running_runs():
     mine = [make_run(S.RUNNING, claimed_by="w1") for _ in range(3)]
     other = make_run(S.RUNNING, claimed_by="w2")

@@ -6,7 +6,8 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from everystep import operations, runner
+from everystep import claims, operations, runner
+from everystep import worker as worker_module
 from everystep.api import schedule
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
@@ -17,10 +18,41 @@ from tests.worker.support import stop_and_join, wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 S = Workflow.Status
+CHAIN = "tests.worker.workflows.chain"
+MARK = "tests.worker.workflows.mark"
 
 
 def status_of(run) -> str:
     return Workflow.objects.values_list("status", flat=True).get(id=run.id)
+
+
+@pytest.fixture(autouse=True)
+def _open_the_gate(tmp_path):
+    """A test that failed while a step waits at its gate lets it go, so the step's
+    thread does not hold up the test run (torn down after the workers are stopped)."""
+    yield
+    (tmp_path / "gate").touch()
+
+
+def left(worker) -> bool:
+    """Every run in flight on ``worker`` was told (control NOTIFY) that it left it."""
+    slots = list(worker._inflight.values())
+    return bool(slots) and all(slot.left for slot in slots)
+
+
+def count_calls(monkeypatch, owner, name: str):
+    """Count calls of ``owner.name``; returns a function giving the count so far."""
+    real = getattr(owner, name)
+    calls = []
+
+    def counted(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        finally:
+            calls.append(None)
+
+    monkeypatch.setattr(owner, name, counted)
+    return lambda: len(calls)
 
 
 def events(log, event=None, index=None) -> list:
@@ -47,6 +79,22 @@ def test_never_holds_more_than_the_pool(start_worker):
     Worker(pool_size=3, poll=0.05, name="w1", stop_when_idle=True).run()
     assert Workflow.objects.filter(status=S.COMPLETED).count() == 8
     assert w.occupancy["max"] == 3
+
+
+def test_a_full_worker_claims_nothing(tmp_path, start_worker, monkeypatch):
+    """Runs beyond the pool stay scheduled, for other workers to take."""
+    log, gate = str(tmp_path / "log"), tmp_path / "gate"
+    runs = [schedule(w.held, log, str(gate)) for _ in range(5)]
+    rounds = count_calls(monkeypatch, worker_module._Waker, "wait")  # one per round of the claim loop
+    worker = start_worker(name="w1", pool_size=2)
+    wait_for(lambda: len(events(log, "start", 1)) == 2, what="two runs to fill the pool")
+    seen = rounds()
+    wait_for(lambda: rounds() >= seen + 2, what="the claim loop to go round while full")
+    claimed = Workflow.objects.filter(status=S.RUNNING, claimed_by="w1").count()
+    assert (claimed, Workflow.objects.filter(status=S.SCHEDULED).count()) == (2, 3)
+    gate.touch()
+    wait_for(lambda: all(status_of(run) == S.COMPLETED for run in runs), what="every run to complete")
+    stop_and_join(worker)
 
 
 def test_resumes_its_own_parked_runs_first(tmp_path):
@@ -107,19 +155,23 @@ def test_an_engine_error_outside_the_body_fails_the_run_and_the_worker_survives(
     assert status_of(healthy) == S.COMPLETED
 
 
-def test_stop_drains_at_the_next_step_boundary(tmp_path, start_worker):
+def test_stop_drains_at_the_next_step_boundary(tmp_path, start_worker, caplog):
     log = str(tmp_path / "log")
     run = schedule(w.chain, log, 3, 0.3)
     worker = start_worker(name="w1")
     wait_for(lambda: events(log, "start", 1), what="step 1 to start")
-    stop_and_join(worker)
+    with caplog.at_level(logging.WARNING, logger="everystep"):
+        stop_and_join(worker)
+    # The run requeued itself at the boundary: the shutdown's sweep found nothing left.
+    assert "still claimed at shutdown" not in caplog.text
+    assert worker.abandoned == 0
     row = Workflow.objects.get(id=run.id)
     assert (row.status, row.claimed_by) == (S.SCHEDULED, None)  # requeued for any worker
     assert list(row.steps.values_list("step_id", "status")) == [("1", "done")]  # the step in flight finished
     assert not events(log, "start", 2)
 
 
-def test_a_drain_timeout_requeues_the_run_and_fences_the_step_in_flight(tmp_path, start_worker):
+def test_a_drain_timeout_requeues_the_run_and_fences_the_step_in_flight(tmp_path, start_worker, caplog):
     log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
     run = schedule(w.held, log, gate)
     worker = start_worker(name="w1", drain=0.3)
@@ -130,10 +182,12 @@ def test_a_drain_timeout_requeues_the_run_and_fences_the_step_in_flight(tmp_path
     assert worker.abandoned == 1
     row = Workflow.objects.get(id=run.id)
     assert (row.status, row.claimed_by) == (S.SCHEDULED, None)
-    (tmp_path / "gate").touch()  # the abandoned step finishes now...
-    wait_for(lambda: events(log, "end", 1), what="the abandoned step to end")
-    time.sleep(0.3)
-    assert not Step.objects.filter(workflow_id=run.id).exists()  # ...and writes nothing
+    with caplog.at_level(logging.WARNING, logger="everystep"):
+        (tmp_path / "gate").touch()  # the abandoned step finishes now...
+        # ...and its execution ends once the write of its outcome was attempted
+        wait_for(lambda: not worker._inflight, what="the abandoned run's execution to end")
+    assert f"run {run.id} is no longer running under 'w1'; step 1 was not recorded" in caplog.text
+    assert not Step.objects.filter(workflow_id=run.id).exists()  # ...and wrote nothing
     assert status_of(run) == S.SCHEDULED
 
 
@@ -147,7 +201,7 @@ def test_an_operator_stop_is_observed_at_the_next_step_boundary(tmp_path, start_
     wait_for(lambda: Step.objects.filter(workflow_id=run.id).exists(), what="step 1 to be recorded")
     operations.stop_run(run.id, actor="alice", expected_status=S.RUNNING)
     if connection.vendor == "postgresql":
-        wait_for(lambda: all(slot.left for slot in worker._inflight.values()), what="the control NOTIFY")
+        wait_for(lambda: left(worker), timeout=10, what="the control NOTIFY")
     gate.touch()
     wait_for(lambda: not worker._inflight, what="the run to leave the worker")
     row = Workflow.objects.get(id=run.id)
@@ -165,10 +219,13 @@ def test_a_stale_worker_is_fenced_out_after_a_requeue(tmp_path, start_worker):
     stale = start_worker(name="stale", pool_size=1)
     wait_for(lambda: events(log, "start", 1), what="the stale worker's step 1")
     operations.requeue_run(run.id)  # as an operator would for a worker believed dead
+    if connection.vendor == "postgresql":
+        wait_for(lambda: left(stale), timeout=10, what="the control NOTIFY to reach the stale worker")
     fresh = start_worker(name="fresh", pool_size=1)
     wait_for(lambda: [line for line in events(log, "start", 1) if line[3] == "fresh"], what="fresh step 1")
     gate.touch()  # both executions of step 1 finish now
     wait_for(lambda: status_of(run) == S.COMPLETED, what="the run to complete")
+    wait_for(lambda: not stale._inflight, what="the stale worker to let the run go")
     row = Workflow.objects.get(id=run.id)
     assert (row.claimed_by, row.result) == ("fresh", "fresh")  # step 1 recorded from the fresh worker
     assert list(row.steps.values_list("step_id", flat=True)) == ["1", "2"]
@@ -177,27 +234,47 @@ def test_a_stale_worker_is_fenced_out_after_a_requeue(tmp_path, start_worker):
     stop_and_join(fresh)
 
 
-def test_listen_notify_picks_up_a_run_well_before_the_poll_interval(tmp_path, start_worker):
+def make_scheduled(how: str, log: str) -> Workflow:
+    """A run made ``scheduled`` the way an application or an operator does it."""
+    if how == "schedule":
+        with transaction.atomic():
+            return schedule(w.chain, log, 2)
+    status = {"retry": S.FAILED, "requeue": S.RUNNING, "resolve": S.BLOCKED}[how]
+    run = Workflow.objects.create(name=CHAIN, args=[log, 2], status=status, claimed_by="gone")
+    if how == "retry":
+        operations.retry_run(run.id)
+    elif how == "requeue":
+        operations.requeue_run(run.id)
+    else:
+        Step.objects.create(workflow=run, step_id="1", name=MARK, status="started")
+        operations.resolve_step(run.id, "1", result=1)
+    return run
+
+
+@pytest.mark.parametrize("how", ["schedule", "retry", "requeue", "resolve"])
+def test_a_notify_wakes_an_idle_worker(tmp_path, start_worker, monkeypatch, how):
+    """The worker polls every 10 minutes here: it runs the new run because the
+    transition's NOTIFY woke it."""
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other backends poll")
     log = str(tmp_path / "log")
-    worker = start_worker(name="w1", poll=5)
-    wait_for(lambda: worker._listener is not None and worker._listener.is_alive(), what="the listener")
-    time.sleep(1)  # the worker has made its first (empty) claim and sleeps for 5s
-    with transaction.atomic():
-        run = schedule(w.chain, log, 1)
-        scheduled_at = time.monotonic()
-    wait_for(lambda: events(log, "start"), timeout=2, interval=0.01, what="pickup within 2s")
-    assert time.monotonic() - scheduled_at < 2
-    wait_for(lambda: status_of(run) == S.COMPLETED, what="completion")
+    claim_calls = count_calls(monkeypatch, claims, "claim_runs")
+    start_worker(name="w1", poll=600)
+    # Two empty claims: one at start, and one when the listener, once LISTENing,
+    # wakes the loop (for anything scheduled before). Then the loop sleeps.
+    wait_for(lambda: claim_calls() >= 2, what="the worker to listen and go idle")
+    run = make_scheduled(how, log)
+    wait_for(lambda: status_of(run) == S.COMPLETED, timeout=10, what="the NOTIFY to wake the worker")
+    assert Workflow.objects.get(id=run.id).result == [1, 2]
 
 
-def test_embedded_worker_installs_no_signal_handlers_and_stops(start_worker):
+def test_embedded_worker_installs_no_signal_handlers_and_stops(start_worker, monkeypatch):
     import signal
 
     before = signal.getsignal(signal.SIGTERM)
+    claim_calls = count_calls(monkeypatch, claims, "claim_runs")
     worker = start_worker(name="w1")
-    time.sleep(0.2)
+    wait_for(claim_calls, what="the claim loop to run")  # handlers would be installed before it
     assert signal.getsignal(signal.SIGTERM) is before
     stop_and_join(worker)
 

@@ -118,6 +118,11 @@ def fail(message):
     raise ValueError(message)
 
 
+@workflow
+def failing(message):
+    fail(message)
+
+
 def read_log(path) -> list[tuple]:
     """The log as (event, run_id, index, claimer, pid) tuples."""
     path = Path(path)

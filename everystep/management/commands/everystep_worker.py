@@ -1,3 +1,6 @@
+import contextlib
+import logging
+
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep.errors import EverystepError, WorkflowImportError
@@ -32,7 +35,7 @@ class Command(BaseCommand):
             "--no-listen", action="store_true", help="PostgreSQL: poll only, no LISTEN/NOTIFY pickup"
         )
 
-    def handle(self, *, pool, poll, name, drain, metrics_port, metrics_bind, no_listen, **options):
+    def handle(self, *, pool, poll, name, drain, metrics_port, metrics_bind, no_listen, verbosity, **options):
         if name is not None and not name.strip():
             raise CommandError("--name must not be empty")
         if metrics_port is not None and not 0 < metrics_port < 65536:
@@ -50,7 +53,8 @@ class Command(BaseCommand):
         except EverystepError as exc:
             raise CommandError(str(exc))
         try:
-            worker.run()
+            with self.printing_log(verbosity):
+                worker.run()
         except WorkflowImportError as exc:
             for failure in exc.failures:
                 self.stderr.write(failure.traceback)
@@ -58,3 +62,41 @@ class Command(BaseCommand):
         except EverystepError as exc:  # at start-up, e.g. the metrics port is taken
             raise CommandError(str(exc))
         exit_now_if_abandoned(worker)
+
+    @contextlib.contextmanager
+    def printing_log(self, verbosity: int):
+        """Print the ``everystep`` logger's lines (start-up, each run's end; the
+        claims too at verbosity 2), as runserver prints requests, unless the
+        project's LOGGING already sends them somewhere (then it decides), or
+        ``--verbosity 0``."""
+        logger = logging.getLogger("everystep")
+        if verbosity == 0 or logger.hasHandlers():
+            yield
+            return
+        level = logging.DEBUG if verbosity >= 2 else logging.INFO
+        handler = CommandOutput(self, level)
+        previous = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(level)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(previous)
+
+
+class CommandOutput(logging.Handler):
+    """Log records on a command's stdout, warnings and errors on its stderr."""
+
+    def __init__(self, command: BaseCommand, level: int):
+        super().__init__(level)
+        self.command = command
+        self.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+
+    def emit(self, record):
+        try:
+            stream = self.command.stderr if record.levelno >= logging.WARNING else self.command.stdout
+            stream.write(self.format(record))
+            stream.flush()
+        except Exception:
+            self.handleError(record)
