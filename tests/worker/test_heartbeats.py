@@ -17,7 +17,9 @@ import urllib.request
 
 import pytest
 from django.db import connection, connections
+from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.utils import timezone
 
 from everystep import database, heartbeats, operations
@@ -135,6 +137,43 @@ def test_a_restart_under_the_same_name_takes_the_heartbeat_over_and_keeps_its_ru
     for worker in (restarted, other):
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.log()
+
+
+@override_settings(EVERYSTEP_PREPARED_STATEMENTS=False)  # PostgreSQL: every statement through Django's cursor
+def test_the_step_hot_path_sends_no_more_statements_than_before(tmp_path, start_worker):
+    """A run of n steps sends n + 2 statements (its outcomes' load, one insert per
+    step, its end) from its pool thread, however often the loop writes its
+    heartbeat meanwhile; the heartbeat still reports the step executing now."""
+    sent = []  # (thread name, statement)
+
+    def count(execute, sql, params, many, context):
+        sent.append((threading.current_thread().name, sql))
+        return execute(sql, params, many, context)
+
+    def install(sender, connection, **kwargs):
+        if connection.alias == database.alias() and count not in connection.execute_wrappers:
+            connection.execute_wrappers.append(count)
+
+    connection_created.connect(install)
+    try:
+        start_worker(name="counted", pool_size=1, heartbeat_interval=0.05, recover_stale_after=None)
+        log = str(tmp_path / "log")
+        for steps in (3, 6):
+            del sent[:]
+            run = schedule(w.chain, log, steps, 0.2)
+            wait_for(
+                lambda: (b := beat_of("counted")) and b.executing.get(str(run.id)),  # noqa: B023
+                what="the heartbeat to report a step of the run",
+            )
+            wait_for(lambda: row(run).status == S.COMPLETED, what="the run to complete")  # noqa: B023
+            by_run_thread = [sql for thread, sql in sent if thread.startswith("everystep-run")]
+            assert len(by_run_thread) == steps + 2, by_run_thread
+            assert sum("INSERT INTO everystep_step" in sql for sql in by_run_thread) == steps
+            assert not any("everystep_heartbeat" in sql for sql in by_run_thread)
+            beats = [sql for thread, sql in sent if thread == "worker-counted" and "heartbeat" in sql]
+            assert len(beats) >= 2  # the loop kept beating while the steps ran
+    finally:
+        connection_created.disconnect(install)
 
 
 # ---------------------------------------------------------------- recovery
