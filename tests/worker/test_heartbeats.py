@@ -357,8 +357,9 @@ def test_a_heartbeat_written_while_the_recovery_waits_keeps_the_runs():
 
 
 def sessions_waiting_on_a_lock() -> int:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    engine_db = database.connection()  # where the heartbeats are
+    with engine_db.cursor() as cursor:
+        if engine_db.vendor == "postgresql":
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock'"
@@ -395,10 +396,11 @@ def process_state(pid: int) -> str:
 
 
 def others_in_a_transaction() -> bool:
-    """Whether another session of the test database is inside a transaction (or,
-    on SQLite, holds the write lock)."""
-    if connection.vendor == "sqlite":
-        probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.05)
+    """Whether another session of everystep's test database is inside a
+    transaction (or, on SQLite, holds the write lock)."""
+    engine_db = database.connection()
+    if engine_db.vendor == "sqlite":
+        probe = sqlite3.connect(engine_db.settings_dict["NAME"], timeout=0.05)
         try:
             probe.execute("BEGIN IMMEDIATE")
             probe.execute("ROLLBACK")
@@ -407,8 +409,8 @@ def others_in_a_transaction() -> bool:
             return True
         finally:
             probe.close()
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    with engine_db.cursor() as cursor:
+        if engine_db.vendor == "postgresql":
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
