@@ -11,7 +11,10 @@ and prints figures:
 - no unsafe-to-repeat effect ran twice (such runs end blocked instead);
 - no two workers ran the same run at the same time;
 - the restart happened (the server's start time changed) and the workers saw
-  it (they logged getting the database back).
+  it (they logged getting the database back);
+- a worker SIGKILLed and never restarted: the others requeue every run it held
+  within EVERYSTEP_RECOVER_STALE_AFTER plus one poll of the kill (its heartbeat
+  went stale), and finish them all (the checks above cover their effects).
 
 Exits non-zero on any violation. Usage:
     python bench/chaos.py                 # the long soak (README figures)
@@ -36,6 +39,11 @@ from bench.common import exit_on_sigterm, load_django, stop_workers, table  # no
 from tests.throwaway_postgres import ThrowawayPostgres  # noqa: E402
 
 REGAINED = " back after "  # in a worker's "database back after ..." / "LISTEN connection back after ..."
+POLL = 0.2  # the workers' --poll
+# Short heartbeats, so that the soak sees a dead worker's runs recovered soon.
+HEARTBEAT_INTERVAL = 0.5
+STALE_AFTER = 4.0
+RESOLUTION = 0.05  # how often the controller looks for the dead worker's runs
 
 
 class Fleet:
@@ -50,20 +58,27 @@ class Fleet:
             self.start(f"chaos-{i}")
 
     def start(self, name: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings"}
+        env = {
+            **os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings",
+            "EVERYSTEP_BENCH_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL),
+            "EVERYSTEP_BENCH_RECOVER_STALE_AFTER": str(STALE_AFTER),
+        }
         log = open(self.logdir / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "django", "everystep_worker", "--name", name,
-             "--pool", str(self.pool), "--poll", "0.2", "--drain", "10"],
+             "--pool", str(self.pool), "--poll", str(POLL), "--drain", "10"],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
         )
 
-    def kill(self, name: str) -> None:
+    def kill(self, name: str, *, restart: bool = True) -> None:
         proc = self.procs[name]
         proc.send_signal(signal.SIGKILL)
         self.kill_times[proc.pid] = time.time()
         proc.wait()
-        self.start(name)
+        if restart:
+            self.start(name)
+        else:
+            del self.procs[name]
 
     def term(self, name: str) -> None:
         proc = self.procs[name]
@@ -156,6 +171,9 @@ def soak(server: ThrowawayPostgres, args) -> int:
             if not pg_restarts and time.time() >= pg_restart_at:
                 violations += restart_postgres(server, logdir)
                 pg_restarts += 1
+        dead = kill_for_good(fleet, args.pool, rng)
+        runs += dead.scheduled
+        kills += bool(dead.held)
         deadline = time.time() + 300
         while time.time() < deadline:
             connection.close()
@@ -205,18 +223,113 @@ def soak(server: ThrowawayPostgres, args) -> int:
     if overlaps:
         violations.append(f"{len(overlaps)} runs were run by two processes at the same time")
 
+    violations += dead.check_finished()
+
     print(table(
         [[runs, len(recorded), len(effects), kills, terms, pg_restarts, reconnects, requeues,
           statuses["blocked"], safe_duplicates, len(duplicate_unsafe), f"{elapsed:.0f} s"]],
         ["runs", "steps", "effects", "SIGKILL", "SIGTERM", "pg restarts", "reconnects", "requeues",
          "blocked", "repeated safe", "repeated unsafe", "time"],
     ))
+    print(dead.summary())
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
     if violations:
         print("VIOLATIONS:\n- " + "\n- ".join(violations))
         return 1
     print("no violations")
     return 0
+
+
+class DeadWorker:
+    """A worker SIGKILLed and never restarted, and what became of the runs it held."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.scheduled = 0  # runs scheduled for this case
+        self.held: list = []  # the runs left running under its name
+        self.killed_at = 0.0
+        self.handoff: float | None = None  # seconds from the kill until none was left
+        self.finished: float | None = None  # ... until the last of them ended
+        self.violations: list[str] = []
+
+    def check_finished(self) -> list[str]:
+        """Every run it held ended, ended by another worker."""
+        from everystep.models import Workflow
+
+        held = Workflow.objects.filter(id__in=self.held)
+        ends = list(held.values_list("status", "claimed_by", "completed_at"))
+        if any(status in ("scheduled", "running") for status, _, _ in ends):
+            self.violations.append(f"runs of the dead worker {self.name} did not finish")
+        elif any(claimer == self.name for _, claimer, _ in ends):
+            self.violations.append(f"a run of the dead worker {self.name} ended under its name")
+        elif ends:
+            self.finished = max(ended.timestamp() for _, _, ended in ends) - self.killed_at
+        return self.violations
+
+    def summary(self) -> str:
+        if self.handoff is None:
+            return f"dead worker {self.name}: " + "; ".join(self.violations)
+        finished = f"{self.finished:.1f} s" if self.finished is not None else "never"
+        return (
+            f"dead worker {self.name}: SIGKILLed holding {len(self.held)} runs, never restarted; "
+            f"none left under its name {self.handoff:.2f} s after the kill (limit: "
+            f"EVERYSTEP_RECOVER_STALE_AFTER {STALE_AFTER:g} s + one poll {POLL:g} s); "
+            f"the last of them ended {finished} after the kill"
+        )
+
+
+def kill_for_good(fleet: Fleet, pool: int, rng: random.Random) -> DeadWorker:
+    """SIGKILL a worker that holds runs, never restart it, and time how long
+    until none is left under its name."""
+
+    from bench import chaos_workflows
+    from everystep import schedule
+    from everystep.models import Workflow
+
+    _fresh_connection()
+    dead = DeadWorker(rng.choice(sorted(fleet.procs)))
+    # Fresh work for every worker, so that the one to die holds runs mid-step.
+    dead.scheduled = len(fleet.procs) * pool * 2
+    for i in range(dead.scheduled):
+        schedule(chaos_workflows.mixed, chaos_workflows.KINDS[i % len(chaos_workflows.KINDS)])
+    stranded = Workflow.objects.filter(status="running", claimed_by=dead.name)
+    deadline = time.time() + 60
+    while not stranded.exists():
+        if time.time() > deadline:
+            dead.violations.append(f"{dead.name} held no run within 60 s; it was not killed")
+            return dead
+        time.sleep(RESOLUTION)
+    pid = fleet.procs[dead.name].pid
+    fleet.kill(dead.name, restart=False)
+    dead.killed_at = fleet.kill_times[pid]
+    dead.held = list(stranded.values_list("id", flat=True))  # dead: the set cannot change
+    if not dead.held:
+        dead.violations.append(f"{dead.name} finished its runs between the check and the kill")
+        return dead
+    while stranded.exists() and time.time() - dead.killed_at < STALE_AFTER + 120:
+        time.sleep(RESOLUTION)
+    dead.handoff = time.time() - dead.killed_at
+    if dead.handoff > STALE_AFTER + POLL + RESOLUTION:
+        dead.violations.append(
+            f"the dead worker's runs were requeued {dead.handoff:.2f} s after the kill, later than "
+            f"EVERYSTEP_RECOVER_STALE_AFTER plus one poll ({STALE_AFTER:g} + {POLL:g} s)"
+        )
+    return dead
+
+
+def _fresh_connection() -> None:
+    """Get past the connections the server's restart broke (the pool still holds some)."""
+    from django.db import OperationalError, connection
+
+    for _ in range(20):
+        connection.close()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return
+        except OperationalError:
+            time.sleep(0.25)
+    raise RuntimeError("the soak's database is unreachable")
 
 
 def _reconnects_logged(logdir: Path) -> int:
@@ -228,6 +341,8 @@ def _requeues_logged(log: str) -> int:
     """Runs the workers said they handed back (drains, database outage)."""
     count = 0
     for line in log.splitlines():
+        if " of worker " in line:  # runs recovered from a dead worker: counted apart
+            continue
         found = re.search(r"requeued (\d+) run", line)
         if found:
             count += int(found.group(1))

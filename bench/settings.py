@@ -14,6 +14,12 @@ EVERYSTEP_DATABASE = "default"  # one database, whatever layout the test setting
 DATABASE_ROUTERS = []
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
+# The chaos soak gives its workers short heartbeats (bench/chaos.py).
+if "EVERYSTEP_BENCH_HEARTBEAT_INTERVAL" in os.environ:
+    EVERYSTEP_HEARTBEAT_INTERVAL = float(os.environ["EVERYSTEP_BENCH_HEARTBEAT_INTERVAL"])
+if "EVERYSTEP_BENCH_RECOVER_STALE_AFTER" in os.environ:
+    EVERYSTEP_RECOVER_STALE_AFTER = float(os.environ["EVERYSTEP_BENCH_RECOVER_STALE_AFTER"])
+
 # Django's connection pool (psycopg-pool): a worker's pool threads close their
 # connection after each run, which then returns it to the pool instead of
 # paying for a new PostgreSQL connection (about 10 ms here) on the next run.

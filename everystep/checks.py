@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
-from . import database, registry
+from . import database, heartbeats, registry
 
 SUPPORTED_VENDORS = {"postgresql", "mysql", "sqlite"}
 
@@ -120,4 +120,22 @@ def check_tasks_backend_needs_django_6(app_configs, **kwargs):
             hint="Upgrade to Django 6, or schedule @workflow functions with everystep.schedule().",
             id="everystep.E005",
         )
+    ]
+
+
+@checks.register()
+def check_heartbeat_settings(app_configs, **kwargs):
+    """The heartbeat interval and the stale limit make sense, alone and together."""
+    return [
+        checks.Error(
+            message,
+            hint=(
+                f"Leave both unset (a heartbeat every {heartbeats.DEFAULT_INTERVAL:g} s, recovery after "
+                f"{heartbeats.DEFAULT_STALE_AFTER:g} s), or set EVERYSTEP_RECOVER_STALE_AFTER to at "
+                f"least {heartbeats.MIN_INTERVALS} times EVERYSTEP_HEARTBEAT_INTERVAL (None turns "
+                "recovery off)."
+            ),
+            id=check_id,
+        )
+        for check_id, message in heartbeats.problems(heartbeats.interval(), heartbeats.stale_after())
     ]

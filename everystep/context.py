@@ -47,6 +47,9 @@ class RunState:
         self.halt: BaseException | None = None
         self.engine_error: BaseException | None = None
         self.leave_check = leave_check
+        # The step executing now in each scope (a Context: its running_step),
+        # kept in memory for the worker's heartbeat to report; no write per step.
+        self.executing: dict[Context, str] = {}
         # Set by the runner once per run: EVERYSTEP_DATABASE, EVERYSTEP_PREPARED_STATEMENTS.
         self.database = "default"
         self.prepared_statements = True
@@ -57,6 +60,11 @@ class RunState:
             if self.halt is None:
                 self.halt = exc
         raise exc
+
+    def executing_steps(self) -> list[str]:
+        """Ids of the steps whose functions run now (one per active scope); safe
+        to call from another thread."""
+        return sorted(self.executing.copy().values())  # copy(): atomic under the GIL
 
     def check(self) -> None:
         """Raise the halt, or halt if the worker wants the run back (drain, fence)."""
@@ -81,9 +89,22 @@ class Context:
     def __init__(self, state: RunState, prefix: str = ""):
         self.state = state
         self.prefix = prefix
-        self.running_step: str | None = None
+        self._running_step: str | None = None
         self._counter = 0
         self._names: set[str] = set()
+
+    @property
+    def running_step(self) -> str | None:
+        """Inside a step's function, that step's id; ``None`` between steps."""
+        return self._running_step
+
+    @running_step.setter
+    def running_step(self, step_id: str | None) -> None:
+        self._running_step = step_id
+        if step_id is None:
+            self.state.executing.pop(self, None)
+        else:
+            self.state.executing[self] = step_id
 
     @property
     def workflow_id(self):

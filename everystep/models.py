@@ -1,8 +1,12 @@
-"""The two tables of the data model: one row per run, one row per executed step."""
+"""The tables: one row per run, one row per executed step, one row per worker
+(its heartbeat)."""
+
+import datetime as dt
 
 import uuid6
 from django.db import models
-from django.db.models import Q
+from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import database
@@ -176,3 +180,57 @@ class RunFork(models.Model):
 
     def __str__(self):
         return f"{self.run_id} forked from {self.origin_id} at step {self.origin_step_id}"
+
+
+class HeartbeatQuerySet(models.QuerySet):
+    """Ages are measured by the database's clock, which also wrote ``last_seen``:
+    clock skew between machines never makes a live worker look stale."""
+
+    def with_age(self):
+        """Each row's ``age``: how long ago its worker last wrote it (a timedelta)."""
+        return self.annotate(age=ExpressionWrapper(Now() - F("last_seen"), output_field=DurationField()))
+
+    def stale(self, seconds: float):
+        """Workers whose last heartbeat is more than ``seconds`` old."""
+        return self.filter(last_seen__lt=Now() - dt.timedelta(seconds=seconds))
+
+    def with_claims(self):
+        """Each row's ``claims``: whether runs are ``running`` under its worker's name."""
+        running = Workflow.objects.filter(status=Workflow.Status.RUNNING, claimed_by=OuterRef("name"))
+        return self.annotate(claims=Exists(running))
+
+
+class Heartbeat(models.Model):
+    """A worker's heartbeat: one ``everystep_heartbeat`` row per worker name,
+    written by its claim loop every few seconds (never per step).
+
+    ``name`` is the worker's name (what its runs' ``claimed_by`` holds);
+    ``hostname``, ``pid``, ``version`` (everystep's), ``pool_size`` and
+    ``started_at`` (the worker's clock) say which process it is; ``in_flight``
+    counts the runs it executes and ``executing`` maps each of their ids to the
+    ids of the steps whose functions run now, as of ``last_seen`` (the
+    database's clock). A restart under the same name takes the row over; a
+    clean shutdown deletes it.
+    """
+
+    name = models.CharField(max_length=255)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    version = models.CharField(max_length=64)
+    pool_size = models.PositiveIntegerField()
+    in_flight = models.PositiveIntegerField(default=0)
+    executing = models.JSONField(default=dict)
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    objects = EngineManager.from_queryset(HeartbeatQuerySet)()
+
+    class Meta:
+        db_table = "everystep_heartbeat"
+        ordering = ["name"]
+        # No other index: a row per worker, read whole, and one index fewer
+        # is one write fewer per heartbeat.
+        constraints = [models.UniqueConstraint(fields=["name"], name="everystep_heartbeat_name_uniq")]
+
+    def __str__(self):
+        return self.name

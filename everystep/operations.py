@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from . import database, registry, statements
 from .errors import EverystepError, StepFailure, Terminal
-from .models import Step, Workflow
+from .models import Heartbeat, Step, Workflow
 from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
 
@@ -222,15 +222,37 @@ def requeue_claimer(name: str) -> list[uuid.UUID]:
     if not name or not name.strip():
         raise EverystepError("a claimer name must not be empty")
     with database.atomic():
-        ids = list(Workflow.objects.parked_by(name).select_for_update().values_list("id", flat=True))
-        if not ids:
+        return _requeue_parked(name)
+
+
+def requeue_stale_worker(name: str, stale_after: float) -> list[uuid.UUID]:
+    """Requeue every run left ``running`` under worker ``name``, only while its
+    heartbeat is more than ``stale_after`` seconds old; returns their ids.
+
+    The heartbeat row is locked first: a worker that came back (its heartbeat
+    written meanwhile) keeps its runs, and a beat that waits on the lock finds
+    them requeued. A name that never wrote a heartbeat (a worker older than
+    heartbeats) is never matched. A worker that was only paused is fenced
+    out: NOTIFY on PostgreSQL, its next step write matching nothing elsewhere.
+    """
+    with database.atomic():
+        stale = Heartbeat.objects.select_for_update().filter(name=name).stale(stale_after)
+        if not list(stale.values_list("id", flat=True)):
             return []
-        Workflow.objects.filter(id__in=ids, status=Status.RUNNING, claimed_by=name).update(
-            status=Status.SCHEDULED, claimed_by=None
-        )
-        for run_id in ids:
-            notify_control(run_id)
-        notify_scheduled()
+        return _requeue_parked(name)
+
+
+def _requeue_parked(name: str) -> list[uuid.UUID]:
+    """``running`` under ``name`` -> ``scheduled``, in the caller's transaction."""
+    ids = list(Workflow.objects.parked_by(name).select_for_update().values_list("id", flat=True))
+    if not ids:
+        return []
+    Workflow.objects.filter(id__in=ids, status=Status.RUNNING, claimed_by=name).update(
+        status=Status.SCHEDULED, claimed_by=None
+    )
+    for run_id in ids:
+        notify_control(run_id)
+    notify_scheduled()
     return ids
 
 

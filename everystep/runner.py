@@ -50,20 +50,24 @@ observer = observability.observer
 # ---------------------------------------------------------------- running a run
 
 
-def execute(run, claimer: str, *, leave_check: Callable | None = None) -> str | None:
+def execute(
+    run, claimer: str, *, leave_check: Callable | None = None, watch: Callable | None = None
+) -> str | None:
     """Replay ``run`` (claimed by ``claimer``) and record how it ended.
 
     Returns the status written, or ``None`` when nothing was written (a
     simulated crash, or the run no longer belongs to this worker).
     ``leave_check()`` is asked at every step boundary; returning a
-    ``DrainOrphan`` makes the run leave this worker there.
+    ``DrainOrphan`` makes the run leave this worker there. ``watch(state)`` is
+    called with the run's :class:`RunState` before the body starts (the
+    worker's heartbeat reads its executing steps).
     """
     if observer is not None:
-        return observer.run(run, claimer, _replay, leave_check)
-    return _replay(run, claimer, leave_check)
+        return observer.run(run, claimer, _replay, leave_check, watch)
+    return _replay(run, claimer, leave_check, watch)
 
 
-def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
+def _replay(run, claimer: str, leave_check: Callable | None, watch: Callable | None = None) -> str | None:
     spec = registry.get_workflow(run.name)
     if spec is None:
         failure = registry.import_failure(run.name)
@@ -81,6 +85,8 @@ def _replay(run, claimer: str, leave_check: Callable | None) -> str | None:
     state.database = database.alias()
     state.prepared_statements = statements.prepared_statements()
     state.store = _load_outcomes(run.id)
+    if watch is not None:
+        watch(state)
     value, raised = None, None
     try:
         with activate(Context(state)):

@@ -11,6 +11,13 @@ Invariants (what a crash at any line leaves behind):
   requeued, so a clean shutdown leaves nothing claimed. A run's step still in
   flight then writes nothing (its insert is fenced on the claim).
 
+Every ``EVERYSTEP_HEARTBEAT_INTERVAL`` seconds the loop writes this worker's
+heartbeat (``everystep.heartbeats``: who it is, its runs in flight and the
+steps executing now), and requeues the runs of any worker whose heartbeat is
+older than ``EVERYSTEP_RECOVER_STALE_AFTER`` (a guarded transition, re-checked
+under a lock on that heartbeat). After losing the database itself, a worker
+waits that long again before judging others, who lost it too.
+
 On PostgreSQL a dedicated connection LISTENs for new runs (instant pickup) and
 for operator stops/requeues (the run leaves at its next step boundary without
 a query per step). Polling every ``poll`` seconds stays the fallback, and is
@@ -29,8 +36,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.utils import timezone
 
-from . import claims, database, observability, operations, registry, runner, serde
+from . import claims, database, heartbeats, observability, operations, registry, runner, serde
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -76,6 +84,16 @@ class _Slot:
         self.worker = worker
         self.run = run
         self.left = False
+        self.state = None  # the run's RunState, once its body starts (runner's watch)
+
+    def watch(self, state) -> None:
+        self.state = state
+
+    def executing(self) -> list[str]:
+        """The ids of the run's steps executing now, for the heartbeat."""
+        if self.state is None:
+            return []
+        return self.state.executing_steps()[: heartbeats.MAX_STEPS_PER_RUN]
 
     def leave_check(self):
         if self.left:
@@ -101,8 +119,12 @@ class Worker:
     SIGTERM/SIGINT, only when run on the main thread. ``listen``: use
     LISTEN/NOTIFY on PostgreSQL. ``metrics_port``, ``metrics_bind``: serve
     this worker's Prometheus metrics (needs ``everystep[metrics]``).
+    ``heartbeat_interval`` and ``recover_stale_after`` default to the settings
+    ``EVERYSTEP_HEARTBEAT_INTERVAL`` and ``EVERYSTEP_RECOVER_STALE_AFTER``.
     Bad values raise :class:`~everystep.errors.EverystepError`.
     """
+
+    _DEFAULT = object()
 
     def __init__(
         self,
@@ -116,7 +138,16 @@ class Worker:
         listen: bool = True,
         metrics_port: int | None = None,
         metrics_bind: str = "0.0.0.0",
+        heartbeat_interval: float | None = None,
+        recover_stale_after: float | None | object = _DEFAULT,
     ):
+        if heartbeat_interval is None:
+            heartbeat_interval = heartbeats.interval()
+        if recover_stale_after is Worker._DEFAULT:
+            recover_stale_after = heartbeats.stale_after()
+        problems = heartbeats.problems(heartbeat_interval, recover_stale_after)
+        if problems:
+            raise EverystepError(" ".join(message for _, message in problems))
         if pool_size < 1:
             raise EverystepError(f"the pool size must be at least 1, got {pool_size}")
         if poll <= 0:
@@ -135,6 +166,8 @@ class Worker:
         self.listen = listen
         self.metrics_port = metrics_port
         self.metrics_bind = metrics_bind
+        self.heartbeat_interval = heartbeat_interval
+        self.recover_stale_after = recover_stale_after
         self.draining = False  # read by every leave_check: a plain bool, no lock
         self.abandoned = 0  # runs still executing a step when the drain timed out
         self._stopping = False
@@ -145,6 +178,18 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._metrics_server = None
+        # This process, as its heartbeat reports it.
+        self._identity = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": heartbeats.version(),
+            "pool_size": pool_size,
+        }
+        self._next_beat = 0.0  # time.monotonic() of the next heartbeat
+        self._next_recovery = 0.0  # ... and of the next look at the others' heartbeats
+        # Judge others stale only from this time on (None: not before a heartbeat
+        # of ours went through). Set a limit ahead after we lost the database.
+        self._judge_from: float | None = 0.0
 
     # ------------------------------------------------------------ public
 
@@ -174,6 +219,8 @@ class Worker:
             )
             self._listener.start()
         executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="everystep-run")
+        self._identity["pid"] = os.getpid()  # made in one process, run in another (a fork)
+        self._identity["started_at"] = timezone.now()
         logger.info("%s", self._started_line(engine_db))
         try:
             self._loop(executor)
@@ -211,6 +258,9 @@ class Worker:
         backoff = self.poll
         lost_at = None  # when claiming began to fail
         while not self._stopping:
+            # Before the start-up reclaim: a restart under the name of a worker
+            # gone stale then either keeps its runs or finds them requeued.
+            due_in = self._tend(recover=True)
             free = self.pool_size - len(self._inflight)
             claimed = []
             if free > 0:
@@ -252,8 +302,82 @@ class Worker:
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
-            # slot, a NOTIFY, stop() or the poll interval.
-            self._waker.wait(self.poll)
+            # slot, a NOTIFY, stop(), the poll interval or a heartbeat.
+            self._waker.wait(max(0.0, min(self.poll, due_in)))
+
+    # ------------------------------------------------------------ heartbeat and recovery
+
+    def _tend(self, *, recover: bool) -> float:
+        """Write the heartbeat and recover stale workers' runs, each when due;
+        returns the seconds until one of them is due again. Database errors are
+        logged: the claim loop has its own way through an outage."""
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_interval
+            try:
+                self._beat()
+            except DatabaseError as exc:
+                logger.warning("worker %r: cannot write its heartbeat (%s)", self.name, exc)
+                database.close_quietly()
+                self._judge_from = None
+            else:
+                if self._judge_from is None:
+                    # The others lost the database too: give them time to write theirs.
+                    self._judge_from = now + (self.recover_stale_after or 0)
+                self._next_recovery = now  # look at the others after each beat
+        if (
+            recover
+            and self.recover_stale_after is not None
+            and self._judge_from is not None
+            and now >= max(self._next_recovery, self._judge_from)
+        ):
+            self._recover_stale(now)
+        return min(self._next_beat, self._next_recovery) - time.monotonic()
+
+    def _beat(self) -> None:
+        with self._lock:
+            slots = list(self._inflight.values())
+        heartbeats.beat(
+            self.name,
+            **self._identity,
+            in_flight=len(slots),
+            executing={str(slot.run.id): slot.executing() for slot in slots},
+        )
+        observability.heartbeat(self.name)
+
+    def _recover_stale(self, now: float) -> None:
+        """Requeue the runs of workers whose heartbeat is older than the limit, and
+        plan the next look for when the next one would go stale."""
+        limit = self.recover_stale_after
+        self._next_recovery = now + self.heartbeat_interval
+        try:
+            others = heartbeats.others(self.name)
+            for name, age, holds_runs in others:
+                if age < limit:
+                    self._next_recovery = min(self._next_recovery, now + limit - age)
+                elif holds_runs:
+                    self._recover_from(name, age)
+        except DatabaseError as exc:
+            logger.warning("worker %r: cannot look for stale workers (%s)", self.name, exc)
+            database.close_quietly()
+
+    def _recover_from(self, name: str, age: float) -> None:
+        ids = operations.requeue_stale_worker(name, self.recover_stale_after)
+        if not ids:
+            return  # it came back meanwhile, or its runs moved on
+        observability.recovered(self.name, len(ids))
+        logger.warning(
+            "worker %r: requeued %d run(s) of worker %r, silent for %.1fs "
+            "(EVERYSTEP_RECOVER_STALE_AFTER = %ss): %s",
+            self.name,
+            len(ids),
+            name,
+            age,
+            self.recover_stale_after,
+            ", ".join(map(str, ids)),
+        )
+
+    # ------------------------------------------------------------ runs
 
     def _submit(self, executor: ThreadPoolExecutor, run: Workflow) -> None:
         slot = _Slot(self, run)
@@ -266,7 +390,7 @@ class Worker:
         run = slot.run
         began = time.monotonic()
         try:
-            status = runner.execute(run, self.name, leave_check=slot.leave_check)
+            status = runner.execute(run, self.name, leave_check=slot.leave_check, watch=slot.watch)
             if status is None:
                 self._after_leaving(slot)
             else:
@@ -340,7 +464,8 @@ class Worker:
         while self._inflight and not self._forced:
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            self._waker.wait(0.5)  # woken as each run ends
+            due_in = self._tend(recover=False)  # alive while draining: keep our runs
+            self._waker.wait(max(0.0, min(0.5, due_in)))  # woken as each run ends
         # Whatever is still claimed under this name (runs mid-step when the drain
         # timed out, or whose end could not be written) goes back to the queue.
         leftovers = []
@@ -348,6 +473,12 @@ class Worker:
             leftovers = database.reconnecting(operations.requeue_claimer, self.name)
         except Exception:
             logger.exception("worker %r: could not requeue its runs at shutdown", self.name)
+        else:
+            # Nothing is claimed under our name any more: we are gone, not stale.
+            try:
+                heartbeats.forget(self.name, hostname=self._identity["hostname"], pid=self._identity["pid"])
+            except DatabaseError:
+                logger.warning("worker %r: could not delete its heartbeat; it will show as stale", self.name)
         with self._lock:
             self.abandoned = len(self._inflight)
         observability.requeued(self.name, len(leftovers))

@@ -1,10 +1,11 @@
 """The overview page: runs per status, the dead-letter depth, the age of the
-oldest scheduled run, throughput over the last hour and the runners.
+oldest scheduled run, throughput over the last hour and the workers.
 
 Every figure is one query an index serves, so the page stays cheap on a table
 of millions of runs: the status index for the counts (GROUP BY status) and the
 runners (status = 'running'), the claim index for the oldest scheduled run, and the
-completed_at index for the throughput chart.
+completed_at index for the throughput chart. The workers are the heartbeat
+table, a row per worker.
 """
 
 import datetime as dt
@@ -16,7 +17,8 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from everystep.models import Workflow
+from everystep import heartbeats
+from everystep.models import Heartbeat, Workflow
 
 from . import display, views
 
@@ -61,7 +63,46 @@ def runners_query():
     )
 
 
+def workers_query():
+    return Heartbeat.objects.with_age().order_by("name")
+
+
 # ---------------------------------------------------------------- the figures
+
+
+@dataclass
+class WorkerRow:
+    """A worker as the overview lists it. ``state``: ``live``, ``stale`` (silent
+    longer than the stale limit) or ``no heartbeat`` (a claimer of running runs
+    that writes none: an older worker, or one whose row was deleted)."""
+
+    name: str
+    state: str
+    claimed: int  # runs running under its name
+    heartbeat: Heartbeat | None = None
+    age: str = ""
+
+
+def worker_rows(runners: list[tuple[str, int]]) -> list[WorkerRow]:
+    """Live workers first, then stale ones, then claimers without a heartbeat."""
+    claimed = dict(runners)
+    limit = heartbeats.shown_stale_after()
+    rows = []
+    for beat in workers_query():
+        seconds = beat.age.total_seconds()
+        rows.append(
+            WorkerRow(
+                name=beat.name,
+                state="stale" if seconds > limit else "live",
+                claimed=claimed.pop(beat.name, 0),
+                heartbeat=beat,
+                age=display.format_duration(max(beat.age, dt.timedelta(0))),
+            )
+        )
+    rows.sort(key=lambda row: row.state != "live")  # stable: by name within each state
+    rows += [WorkerRow(name=name, state="no heartbeat", claimed=n) for name, n in claimed.items()]
+    return rows
+
 
 
 @dataclass
@@ -129,6 +170,7 @@ def build_chart(start: dt.datetime, rows) -> Chart:
 def figures(now: dt.datetime | None = None) -> dict:
     now = now or timezone.now()
     counts = dict(status_counts_query())
+    runners = list(runners_query())
     oldest = next(iter(oldest_scheduled_query()), None)
     start = chart_start(now)
     return {
@@ -138,7 +180,10 @@ def figures(now: dt.datetime | None = None) -> dict:
         "oldest_scheduled": oldest,
         "oldest_scheduled_age": display.format_duration(now - oldest) if oldest else None,
         "chart": build_chart(start, chart_query(start)),
-        "runners": list(runners_query()),
+        "runners": runners,
+        "workers": worker_rows(runners),
+        "stale_after": heartbeats.shown_stale_after(),
+        "recovery_on": heartbeats.stale_after() is not None,
         "now": now,
     }
 
@@ -159,6 +204,7 @@ def overview(request, *, model_admin):
         **data,
         "counts": [(status, n, listed(status=status)) for status, n in data["counts"]],
         "runners": [(name, n, listed(status=Status.RUNNING, claimed_by=name)) for name, n in data["runners"]],
+        "workers": [(row, listed(status=Status.RUNNING, claimed_by=row.name)) for row in data["workers"]],
         "blocked_url": listed(status=Status.BLOCKED),
         "scheduled_url": listed(status=Status.SCHEDULED),
         "overview_url": model_admin.page_url(request, "overview"),

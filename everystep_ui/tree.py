@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from everystep import registry
 
 STATUS_LABELS = {
+    "executing": "running now",
     "done": "done",
     "failed": "failed",
     "uncertain": "started (uncertain)",
@@ -66,10 +67,16 @@ def step_status(row_status: str, run_status: str) -> str:
     return row_status
 
 
-def build_tree(steps: Iterable, run_status: str, intended: Iterable[tuple[str, str]] = ()) -> StepTree:
+def build_tree(
+    steps: Iterable,
+    run_status: str,
+    intended: Iterable[tuple[str, str]] = (),
+    executing: Iterable[str] = (),
+) -> StepTree:
     """``steps`` are Step rows in recording order (only ``id``, ``step_id``,
     ``name`` and ``status`` are read); ``intended`` the (step id, function name)
-    pairs the workflow body would record, in runtime order."""
+    pairs the workflow body would record, in runtime order; ``executing`` the
+    ids of the steps whose functions run now, as the worker last reported them."""
     top: dict[str, Node] = {}
     counts: Counter = Counter()
     for row in steps:
@@ -84,7 +91,16 @@ def build_tree(steps: Iterable, run_status: str, intended: Iterable[tuple[str, s
             node.name = name
             node.status = "pending"
             counts["pending"] += 1
+    for step_id in executing:
+        node = _node_at(top, step_id)
+        # The report may predate the step's record: a recorded outcome wins.
+        if node.status in ("", "pending", "in_flight"):
+            if node.status:
+                counts[node.status] -= 1
+            node.status = "executing"
+            counts["executing"] += 1
     roots = _finish(top)
+    counts = +counts  # drop the statuses no node has any more
     return StepTree(roots=roots, nodes=preorder(roots), counts=dict(counts))
 
 

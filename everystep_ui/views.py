@@ -5,7 +5,9 @@ URL names it uses. A plain request gets the full page; an HTMX request gets the
 partial (the run's live block while polling, a step's payloads when expanded).
 """
 
+import datetime as dt
 import uuid
+from dataclasses import dataclass
 from functools import partial, wraps
 from urllib.parse import urlencode
 
@@ -19,7 +21,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep.models import RunFork, Step, Workflow
+from everystep import heartbeats
+from everystep.models import Heartbeat, RunFork, Step, Workflow
 
 from . import display, tree
 from .payloads import JSONHead, Preview, json_download
@@ -209,7 +212,8 @@ def run_context(request, model_admin, run: Workflow) -> dict:
     intended, reason = [], ""
     if run.status != Workflow.Status.COMPLETED:
         intended, reason = tree.intended_steps(run.name)
-    step_tree = tree.build_tree(steps, run.status, intended)
+    claimer = claimer_heartbeat(run)
+    step_tree = tree.build_tree(steps, run.status, intended, claimer.executing if claimer else ())
     step_tree.intended_reason = reason
     # One reverse() for all steps: thousands of them would cost a noticeable share of the page.
     step_tree.step_url = model_admin.page_url(request, "run_step", run.pk, "STEP_PK")
@@ -234,11 +238,48 @@ def run_context(request, model_admin, run: Workflow) -> dict:
             display.resolve_command(run.pk, uncertain.step_id if uncertain else None) if show_resolve else ""
         ),
         "tree": step_tree,
+        "claimer": claimer,
         "steps_recorded": len(steps),
         "action_buttons": model_admin.action_buttons(request, run),
         "step_actions": model_admin.step_action_buttons(request, run),
         **page_context(request, model_admin, run),
     }
+
+
+@dataclass
+class ClaimerHeartbeat:
+    """The heartbeat of the worker running a run: how old it is, whether it is
+    stale, and the run's steps it reported executing (none once stale)."""
+
+    name: str
+    age: str
+    stale: bool
+    executing: list[str]
+    interval: str
+
+
+def claimer_heartbeat(run: Workflow) -> ClaimerHeartbeat | None:
+    """For a ``running`` run, its claimer's heartbeat (one query), else None.
+    A run claimed by a worker that writes no heartbeat (an older version) has none."""
+    if run.status != Workflow.Status.RUNNING or not run.claimed_by:
+        return None
+    beat = (
+        Heartbeat.objects.with_age()
+        .filter(name=run.claimed_by)
+        .values_list("age", "executing")
+        .first()
+    )
+    if beat is None:
+        return None
+    age, executing = beat
+    stale = age.total_seconds() > heartbeats.shown_stale_after()
+    return ClaimerHeartbeat(
+        name=run.claimed_by,
+        age=display.format_duration(max(age, dt.timedelta(0))),
+        stale=stale,
+        executing=[] if stale else list((executing or {}).get(str(run.pk), [])),
+        interval=f"{heartbeats.interval():g} s",
+    )
 
 
 def page_context(request, model_admin, run: Workflow) -> dict:

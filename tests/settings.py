@@ -91,6 +91,14 @@ if os.environ.get("EVERYSTEP_TEST_SPLIT"):
     EVERYSTEP_DATABASE = "engine"
     DATABASE_ROUTERS = ["everystep.routers.EverystepRouter"]
 
+# Worker subprocesses of the heartbeat tests are given short heartbeats (the
+# suite itself keeps the defaults, which the other process tests rely on).
+if "EVERYSTEP_TEST_HEARTBEAT_INTERVAL" in os.environ:
+    EVERYSTEP_HEARTBEAT_INTERVAL = float(os.environ["EVERYSTEP_TEST_HEARTBEAT_INTERVAL"])
+if "EVERYSTEP_TEST_RECOVER_STALE_AFTER" in os.environ:
+    _stale_after = os.environ["EVERYSTEP_TEST_RECOVER_STALE_AFTER"]
+    EVERYSTEP_RECOVER_STALE_AFTER = None if _stale_after == "None" else float(_stale_after)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

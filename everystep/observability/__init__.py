@@ -135,6 +135,16 @@ def reconnected(name: str) -> None:
         metrics.reconnected(name)
 
 
+def heartbeat(name: str) -> None:
+    if metrics is not None:
+        metrics.heartbeat(name)
+
+
+def recovered(name: str, n: int) -> None:
+    if metrics is not None and n:
+        metrics.recovered(name, n)
+
+
 def serve_worker_metrics(port: int, bind: str = "0.0.0.0"):
     """Serve this process's metrics over HTTP on a daemon thread (``--metrics-port``).
 

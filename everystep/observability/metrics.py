@@ -53,6 +53,16 @@ reconnects = Counter(
     "Times a worker got the database back after losing it (its claim loop or its LISTEN connection).",
     ["runner"],
 )
+runs_recovered = Counter(
+    "everystep_runs_recovered",
+    "Runs a worker requeued from a worker whose heartbeat went stale (EVERYSTEP_RECOVER_STALE_AFTER).",
+    ["runner"],
+)
+last_heartbeat = Gauge(
+    "everystep_worker_last_heartbeat_seconds",
+    "When the worker last wrote its heartbeat, as a Unix time.",
+    ["runner"],
+)
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
 start_time = Gauge(
@@ -108,6 +118,14 @@ def reconnected(name: str) -> None:
     reconnects.labels(name).inc()
 
 
+def heartbeat(name: str) -> None:
+    last_heartbeat.labels(name).set_to_current_time()
+
+
+def recovered(name: str, n: int) -> None:
+    runs_recovered.labels(name).inc(n)
+
+
 def serve_worker_metrics(port: int, bind: str):
     return start_http_server(port, addr=bind)
 
@@ -116,7 +134,8 @@ def serve_worker_metrics(port: int, bind: str):
 
 
 def database_families():
-    """Gauges read from the database now; two cheap queries, both on indexes."""
+    """Gauges read from the database now; two cheap queries on indexes, and one
+    on the heartbeats (a row per worker)."""
     from django.db.models import Count
 
     from ..models import Workflow
@@ -141,7 +160,34 @@ def database_families():
         "Seconds since the oldest scheduled run was created (0 when none), read at scrape time.",
         value=max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0,
     )
-    return [runs, age]
+    return [runs, age, *worker_families()]
+
+
+def worker_families():
+    """Workers by their heartbeats: how many are live and stale, and each one's silence."""
+    from ..heartbeats import shown_stale_after
+    from ..models import Heartbeat
+
+    limit = shown_stale_after()
+    rows = Heartbeat.objects.with_age().values_list("name", "age")
+    ages = [(name, age.total_seconds()) for name, age in rows]
+    states = GaugeMetricFamily(
+        "everystep_workers",
+        "Workers by heartbeat: live, or stale (silent longer than EVERYSTEP_RECOVER_STALE_AFTER), "
+        "read at scrape time.",
+        labels=["state"],
+    )
+    stale = sum(age > limit for _, age in ages)
+    states.add_metric(["live"], len(ages) - stale)
+    states.add_metric(["stale"], stale)
+    silence = GaugeMetricFamily(
+        "everystep_worker_heartbeat_age_seconds",
+        "Seconds since each worker's last heartbeat, read at scrape time.",
+        labels=["worker"],
+    )
+    for name, age in ages:
+        silence.add_metric([name], max(0.0, age))
+    return [states, silence]
 
 
 class _AtScrape:

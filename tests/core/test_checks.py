@@ -1,4 +1,5 @@
-"""everystep's system checks: a ``workflows`` module that fails to import (everystep.E002)."""
+"""everystep's system checks: a ``workflows`` module that fails to import
+(everystep.E002), heartbeat settings that make no sense (E006, E007)."""
 
 import os
 import signal
@@ -10,7 +11,7 @@ import pytest
 from django.apps import apps
 from django.test import override_settings
 
-from everystep.checks import check_workflow_modules
+from everystep.checks import check_heartbeat_settings, check_workflow_modules
 from tests.worker.support import ROOT, database_env, wait_for
 
 BROKEN = """\
@@ -128,3 +129,46 @@ def test_runserver_reports_it_and_restarts_once_the_module_is_fixed(scratch_modu
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+
+
+# ---------------------------------------------------------------- heartbeat settings
+
+
+def test_the_default_heartbeat_settings_pass():
+    assert check_heartbeat_settings(None) == []
+
+
+@pytest.mark.parametrize(
+    "values, check_id, message",
+    [
+        ({"EVERYSTEP_HEARTBEAT_INTERVAL": 0}, "everystep.E006", "INTERVAL must be a positive number"),
+        ({"EVERYSTEP_HEARTBEAT_INTERVAL": "5"}, "everystep.E006", "got '5'"),
+        ({"EVERYSTEP_RECOVER_STALE_AFTER": 0}, "everystep.E006", "or None to turn recovery off, got 0"),
+        ({"EVERYSTEP_RECOVER_STALE_AFTER": True}, "everystep.E006", "got True"),
+        ({"EVERYSTEP_RECOVER_STALE_AFTER": 12}, "everystep.E007", "(12 s) is less than 3 heartbeat"),
+        (
+            {"EVERYSTEP_HEARTBEAT_INTERVAL": 30, "EVERYSTEP_RECOVER_STALE_AFTER": 60},
+            "everystep.E007",
+            "EVERYSTEP_HEARTBEAT_INTERVAL = 30 s",
+        ),
+    ],
+)
+def test_heartbeat_settings_that_make_no_sense_are_errors(values, check_id, message):
+    with override_settings(**values):
+        errors = check_heartbeat_settings(None)
+    assert [error.id for error in errors] == [check_id]
+    assert message in errors[0].msg
+    assert "at least 3 times EVERYSTEP_HEARTBEAT_INTERVAL" in errors[0].hint
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"EVERYSTEP_RECOVER_STALE_AFTER": None},
+        {"EVERYSTEP_RECOVER_STALE_AFTER": 15},
+        {"EVERYSTEP_HEARTBEAT_INTERVAL": 0.5, "EVERYSTEP_RECOVER_STALE_AFTER": 1.5},
+    ],
+)
+def test_heartbeat_settings_that_make_sense_pass(values):
+    with override_settings(**values):
+        assert check_heartbeat_settings(None) == []

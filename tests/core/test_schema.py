@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from everystep import database
-from everystep.models import Step, Workflow
+from everystep.models import Heartbeat, Step, Workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -77,6 +77,34 @@ def test_steps_carry_no_index_the_unique_one_already_serves():
     indexes = sorted(tuple(c["columns"]) for c in st.values() if c["index"] or c["unique"])
     assert ("workflow_id",) not in indexes
     assert ("workflow_id", "step_id") in indexes
+
+
+def test_heartbeat_table_columns_and_constraint():
+    cols = columns("everystep_heartbeat")
+    assert set(cols) == {
+        "id", "name", "hostname", "pid", "version", "pool_size", "in_flight", "executing", "started_at",
+        "last_seen",
+    }
+    assert not any(col.null_ok for col in cols.values())
+    with database.connection().cursor() as cursor:
+        constraints = database.connection().introspection.get_constraints(cursor, "everystep_heartbeat")
+    assert constraints["everystep_heartbeat_name_uniq"]["unique"]
+    assert constraints["everystep_heartbeat_name_uniq"]["columns"] == ["name"]
+    # One row per worker, read whole: no index but the primary key and the name's.
+    secondary = [c for c in constraints.values() if (c["index"] or c["unique"]) and not c["primary_key"]]
+    indexed = [tuple(c["columns"]) for c in secondary]
+    assert indexed == [("name",)]
+
+
+def test_a_worker_name_has_one_heartbeat():
+    from django.db import IntegrityError
+    from django.utils import timezone
+
+    now = timezone.now()
+    values = dict(hostname="h", pid=1, version="v", pool_size=1, started_at=now, last_seen=now)
+    Heartbeat.objects.create(name="w1", **values)
+    with pytest.raises(IntegrityError), database.atomic():
+        Heartbeat.objects.create(name="w1", **values)
 
 
 def test_related_name_and_cascade():

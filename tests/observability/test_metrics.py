@@ -172,9 +172,35 @@ def test_metrics_view_serves_the_run_metrics_without_run_ids(client):
 
 
 @pytest.mark.urls("tests.observability.urls")
-def test_metrics_view_costs_two_queries(client, django_assert_num_queries):
-    with django_assert_num_queries(2, connection=database.connection()):
+def test_metrics_view_costs_three_queries(client, django_assert_num_queries):
+    # Runs per status, the oldest pending run, the heartbeats.
+    with django_assert_num_queries(3, connection=database.connection()):
         client.get("/metrics")
+
+
+@pytest.mark.urls("tests.observability.urls")
+def test_metrics_view_reads_the_workers_heartbeats_at_scrape_time(client):
+    from django.db.models.functions import Now
+
+    from everystep import heartbeats
+    from everystep.models import Heartbeat
+
+    for name in ("live-1", "live-2", "gone"):
+        heartbeats.beat(
+            name, hostname="h", pid=1, version="v", pool_size=4, started_at=timezone.now(),
+            in_flight=0, executing={},
+        )
+    Heartbeat.objects.filter(name="gone").update(last_seen=Now() - dt.timedelta(seconds=300))
+    samples = scrape(client.get("/metrics").content.decode())
+    assert samples[("everystep_workers", frozenset({("state", "live")}))] == 2
+    assert samples[("everystep_workers", frozenset({("state", "stale")}))] == 1
+    silence = {
+        dict(labels)["worker"]: seconds
+        for (name, labels), seconds in samples.items()
+        if name == "everystep_worker_heartbeat_age_seconds"
+    }
+    assert set(silence) == {"live-1", "live-2", "gone"}
+    assert 300 <= silence["gone"] < 330 and silence["live-1"] < 30
 
 
 @pytest.mark.urls("tests.observability.urls")

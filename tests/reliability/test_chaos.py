@@ -1,7 +1,11 @@
 """The bounded chaos soak: real worker processes, SIGKILL, SIGTERM and a
 PostgreSQL restart, of a server the soak starts for itself (the one the suite
-was given is not touched). The soak checks its own invariants and exits
-non-zero on any violation (see bench/chaos.py)."""
+was given is not touched), then a worker SIGKILLed for good, whose runs the
+others must recover within EVERYSTEP_RECOVER_STALE_AFTER plus one poll. The
+soak checks its own invariants and exits non-zero on any violation (see
+bench/chaos.py)."""
+
+import re
 
 import pytest
 from django.conf import settings
@@ -18,3 +22,4 @@ def test_short_chaos_soak_keeps_every_promise():
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no violations" in out.stdout
+    assert re.search(r"dead worker chaos-\d: SIGKILLed holding [1-9]\d* runs, never restarted", out.stdout)

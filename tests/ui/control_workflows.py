@@ -3,7 +3,7 @@
 import threading
 import time
 
-from everystep import step, workflow
+from everystep import parallel, step, workflow
 
 _lock = threading.Lock()
 attempts: dict[str, int] = {}  # flaky_sync's tries per key
@@ -70,3 +70,22 @@ def checkout(key, amount):
     """An unsafe-to-repeat charge: a crash right after it leaves the run blocked."""
     charge(key, amount)
     return receipt(key)
+
+
+gates: dict[str, threading.Event] = {}  # wait_at_gate's gates, by name
+
+
+@step
+def wait_at_gate(name):
+    """Runs until the test sets ``gates[name]``."""
+    if not gates.setdefault(name, threading.Event()).wait(30):
+        raise TimeoutError(f"gate {name} was never opened")
+    return name
+
+
+@workflow
+def gated_pair(key):
+    """A fork whose two branches wait on their gates: two steps running at once."""
+    fetch(key)
+    parallel(lambda: wait_at_gate("a"), lambda: wait_at_gate("b"))
+    return notify(key)

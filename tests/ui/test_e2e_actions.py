@@ -142,6 +142,39 @@ def test_stop_a_running_run_and_the_worker_stops_at_the_next_step_boundary(brows
     assert len(recorded) < 30
 
 
+def test_the_steps_running_now_are_marked_live(browser):
+    """Each parallel branch's step is marked while it runs; the mark follows the
+    worker's heartbeat, leaves a step once it is recorded, and the page stops
+    polling when the run ends."""
+    flows.gates.clear()
+    worker = Worker(install_signals=False, poll=0.1, name="e2e-beating", drain=5, heartbeat_interval=0.2)
+    worker.thread = threading.Thread(target=worker.run, name="e2e-beating")
+    worker.thread.start()
+    try:
+        run = off_the_browser_loop(lambda: schedule(flows.gated_pair, "order-5"))
+        browser.open(run_page(run))
+        running_now = browser.locator("#es-run-live .es-status-executing")
+        branch = "#es-run-live li.es-node:has(> .es-node-line > code.es-path:text-is('{}')) .es-badge"
+        browser.locator(branch.format("2.0.1")).filter(has_text="running now").wait_for()
+        browser.locator(branch.format("2.1.1")).filter(has_text="running now").wait_for()
+        assert running_now.count() == 2
+        assert browser.locator(branch.format("3")).inner_text() == "pending"
+
+        flows.gates["a"].set()
+        browser.locator(branch.format("2.0.1")).filter(has_text="done").wait_for()
+        assert browser.locator(branch.format("2.1.1")).inner_text() == "running now"
+
+        flows.gates["b"].set()
+        wait_for_badge(browser, "completed")
+        assert running_now.count() == 0
+        # The final answer (286) replaced the polling block by one without a trigger.
+        assert browser.locator("#es-run-live").get_attribute("hx-trigger") is None
+    finally:
+        for gate in flows.gates.values():
+            gate.set()
+        stop(worker)
+
+
 def blocked_checkout(key):
     """A checkout whose worker 'died' right after the charge, replayed into ``blocked``."""
     run = schedule(flows.checkout, key, 1999)

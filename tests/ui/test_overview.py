@@ -5,7 +5,7 @@ import random
 import re
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from everystep import database
@@ -141,6 +141,83 @@ def test_the_run_list_and_the_run_page_link_to_the_overview(admin_client, make_r
     run_page = admin_client.get(f"/admin/everystep/workflow/{run.pk}/run/").text
     assert f'<a href="{PAGE}">Overview</a>' in run_page
     assert '<a href="/everystep/overview/">Overview</a>' in admin_client.get("/everystep/").text
+
+
+# The workers
+
+
+def heartbeat(name, *, seconds_ago=0.0, **values):
+    from django.db.models.functions import Now
+
+    from everystep import heartbeats
+    from everystep.models import Heartbeat
+
+    row = {"hostname": "host-a", "pid": 4242, "version": "0.1.0", "pool_size": 4, "in_flight": 0,
+           "executing": {}, "started_at": dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC), **values}
+    heartbeats.beat(name, **row)
+    Heartbeat.objects.filter(name=name).update(last_seen=Now() - dt.timedelta(seconds=seconds_ago))
+
+
+def worker_rows(html) -> list[list[str]]:
+    """The workers table as text: one list of cell texts per row."""
+    body = html.split('<table class="es-workers es-runners">')[1].split("</table>")[0].split("<tbody>")[1]
+    cells = r"<td[^>]*>(.*?)</td>"
+    return [
+        [" ".join(re.sub(r"<[^>]+>", " ", cell).split()) for cell in re.findall(cells, tr, re.S)]
+        for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)
+    ]
+
+
+def test_live_and_stale_workers_and_claimers_without_a_heartbeat(admin_client, make_run):
+    heartbeat("zeta", seconds_ago=20, in_flight=2, pool_size=8, hostname="box-1", pid=101)
+    heartbeat("alpha", seconds_ago=125, in_flight=1, hostname="box-2", pid=202, version="0.0.9")
+    heartbeat("idle", seconds_ago=10)
+    for claimer in ("zeta", "zeta", "alpha", "legacy"):
+        make_run(status="running", claimed_by=claimer)
+    response = admin_client.get(PAGE)
+    rows = worker_rows(response.text)
+    started = "2026-12-01 08:00:00 UTC"
+    assert [row[:2] + row[3:] for row in rows] == [
+        ["idle", "live", "0", "0", "4", "host-a", "4242", "0.1.0", started],
+        ["zeta", "live", "2", "2", "8", "box-1", "101", "0.1.0", started],
+        ["alpha", "stale", "1", "1", "4", "box-2", "202", "0.0.9", started],
+        ["legacy", "no heartbeat", "1", "writes no heartbeat (a worker older than heartbeats?)"],
+    ]
+    # Ages by the database's clock, as of the request (which takes a moment).
+    assert seconds(rows[0][2]) in range(10, 15) and seconds(rows[1][2]) in range(20, 25)
+    assert seconds(rows[2][2]) in range(125, 130) and rows[3][2] == "—"
+    # Each claimer's runs are a click away: the run list filtered by claimer.
+    for name in ("zeta", "alpha", "legacy"):
+        url = f"/admin/everystep/workflow/?status=running&amp;claimed_by={name}"
+        assert f'<a href="{url}"><code>{name}</code></a>' in response.text
+    assert "/admin/everystep/workflow/?status=running&amp;claimed_by=idle" not in response.text
+    assert "one silent for longer than 60 s is stale" in response.text
+    assert "The next live worker to look requeues a stale worker's claimed runs" in response.text
+
+
+def seconds(age: str) -> int:
+    found = re.fullmatch(r"(?:(\d+) min )?(\d+) s ago", age)
+    assert found, age
+    return int(found[1] or 0) * 60 + int(found[2])
+
+
+def test_the_stale_limit_is_the_recovery_setting(admin_client, db):
+    heartbeat("slow", seconds_ago=20)
+    with override_settings(EVERYSTEP_RECOVER_STALE_AFTER=15):
+        html = admin_client.get(PAGE).text
+        assert worker_rows(html)[0][:2] == ["slow", "stale"]
+        assert "one silent for longer than 15 s is stale" in html
+    with override_settings(EVERYSTEP_RECOVER_STALE_AFTER=None):
+        html = admin_client.get(PAGE).text
+        assert worker_rows(html)[0][:2] == ["slow", "live"]  # shown stale after the default, 60 s
+        assert "Automatic recovery is off" in html
+
+
+def test_worker_names_and_hosts_are_escaped(admin_client, db):
+    heartbeat(SCRIPT, hostname=SCRIPT)
+    html = admin_client.get(PAGE).text
+    assert SCRIPT not in html
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2
 
 
 # The query plans on a big table (PostgreSQL)

@@ -406,3 +406,95 @@ def test_the_real_analysis_explains_a_loop(admin_client, make_run):
     assert "Only recorded steps are shown" in html
     assert "a for loop" in html
     assert "es-status-pending" not in html
+
+
+# The steps running now (from the claimer's heartbeat)
+
+
+def heartbeat(name, *, executing, seconds_ago=0.0):
+    """The heartbeat row of worker ``name``, as it wrote it ``seconds_ago``."""
+    from django.db.models.functions import Now
+
+    from everystep import heartbeats
+    from everystep.models import Heartbeat
+
+    heartbeats.beat(
+        name, hostname="host-a", pid=7, version="0.1.0", pool_size=4, started_at=timezone.now(),
+        in_flight=len(executing), executing=executing,
+    )
+    Heartbeat.objects.filter(name=name).update(last_seen=Now() - dt.timedelta(seconds=seconds_ago))
+
+
+def executing_paths(html) -> list[str]:
+    badge = '<span class="es-badge es-status-executing">running now</span>'
+    return re.findall(rf'<code class="es-path">([^<]+)</code> {badge}', html)
+
+
+def test_the_steps_running_now_are_marked_one_per_branch(admin_client, make_run):
+    pytest.importorskip("everystep.graph")
+    from . import sample_workflows as flows
+
+    run = make_run(
+        name=f"{flows.__name__}.checkout",
+        status="running",
+        claimed_by="worker-a",
+        steps=[{"step_id": "1", "name": f"{flows.__name__}.reserve"}],
+    )
+    heartbeat("worker-a", executing={str(run.pk): ["2.0.1", "2.1.1"]}, seconds_ago=30)
+    html = admin_client.get(run_page(run)).text
+    assert executing_paths(html) == ["2.0.1", "2.1.1"]
+    assert html.count("es-status-pending") == 1  # step 3 runs later
+    assert "Running now: <code>2.0.1</code>, <code>2.1.1</code>" in html
+    reported = re.search(r"as worker <code>worker-a</code> reported (\d+) s ago \(it reports every 5 s", html)
+    assert reported and 30 <= int(reported[1]) < 35
+    # The live refresh carries the mark.
+    poll = admin_client.get(run_page(run), **HTMX)
+    assert poll.status_code == 200 and executing_paths(poll.text) == ["2.0.1", "2.1.1"]
+
+
+def test_a_step_recorded_since_the_report_is_not_marked(admin_client, make_run):
+    run = make_run(status="running", claimed_by="worker-a", steps=[{"step_id": "1"}])
+    heartbeat("worker-a", executing={str(run.pk): ["1"]})
+    html = admin_client.get(run_page(run)).text
+    assert executing_paths(html) == []
+    assert "es-status-done" in html
+
+
+def test_only_the_report_of_the_runs_claimer_about_this_run_counts(admin_client, make_run):
+    run = make_run(status="running", claimed_by="worker-a")
+    other = make_run(status="running", claimed_by="worker-b")
+    heartbeat("worker-a", executing={str(other.pk): ["1"]})
+    heartbeat("worker-b", executing={str(run.pk): ["1"], str(other.pk): ["1"]})
+    assert executing_paths(admin_client.get(run_page(run)).text) == []
+    assert executing_paths(admin_client.get(run_page(other)).text) == ["1"]
+
+
+def test_a_stale_claimer_marks_nothing_and_the_page_says_so(admin_client, make_run):
+    run = make_run(status="running", claimed_by="worker-a")
+    heartbeat("worker-a", executing={str(run.pk): ["1"]}, seconds_ago=90)
+    html = admin_client.get(run_page(run)).text
+    assert executing_paths(html) == []
+    silent = r"Worker <code>worker-a</code> has written no heartbeat for 1 min 3\d s: it is dead or paused"
+    assert re.search(silent, html)
+
+
+def test_a_claimer_without_a_heartbeat_shows_no_mark_and_no_note(admin_client, make_run):
+    run = make_run(status="running", claimed_by="old-worker")
+    html = admin_client.get(run_page(run)).text
+    assert executing_paths(html) == [] and "es-claimer-heartbeat" not in html
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "stopped", "blocked", "scheduled"])
+def test_a_run_that_is_not_running_marks_nothing(admin_client, make_run, status):
+    run = make_run(status=status, claimed_by="worker-a")
+    heartbeat("worker-a", executing={str(run.pk): ["1"]})
+    response = admin_client.get(run_page(run), **HTMX)
+    assert executing_paths(response.text) == [] and "es-claimer-heartbeat" not in response.text
+    assert response.status_code == (200 if status == "scheduled" else 286)  # polling stops at the end
+
+
+def test_reported_step_ids_are_escaped(admin_client, make_run):
+    run = make_run(status="running", claimed_by="worker-a")
+    heartbeat("worker-a", executing={str(run.pk): [SCRIPT]})
+    html = admin_client.get(run_page(run)).text
+    assert SCRIPT not in html and "&lt;script&gt;" in html

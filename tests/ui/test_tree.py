@@ -76,3 +76,45 @@ def test_intended_steps_add_pending_nodes_without_hiding_recorded_ones():
 def test_no_steps_make_an_empty_tree():
     tree = build_tree([], "scheduled")
     assert tree.roots == [] and tree.counts == {}
+
+
+# The steps executing now, as the claimer's heartbeat reported them
+
+
+def test_an_executing_step_is_marked_distinct_from_the_pending_ones():
+    intended = [("1", "app.a"), ("2.0.1", "app.b"), ("2.1.1", "app.c"), ("3", "app.d")]
+    tree = build_tree(rows(("1", "done")), "running", intended, executing=["2.0.1", "2.1.1"])
+    assert shape(tree) == [
+        ("1", "step", "done"),
+        ("2", "fork", ""),
+        ("2.0", "branch", ""),
+        ("2.0.1", "step", "executing"),
+        ("2.1", "branch", ""),
+        ("2.1.1", "step", "executing"),
+        ("3", "step", "pending"),
+    ]
+    assert tree.counts == {"done": 1, "executing": 2, "pending": 1}
+    assert [n.status_label for n in flatten(tree.roots) if n.status == "executing"] == ["running now"] * 2
+
+
+def test_a_recorded_outcome_wins_over_a_report_that_predates_it():
+    tree = build_tree(rows(("1", "done"), ("2", "failed")), "running", executing=["1", "2"])
+    assert shape(tree) == [("1", "step", "done"), ("2", "step", "failed")]
+    assert tree.counts == {"done": 1, "failed": 1}
+
+
+def test_an_unsafe_step_in_flight_that_executes_is_marked_executing():
+    tree = build_tree(rows(("1", "started")), "running", executing=["1"])
+    assert shape(tree) == [("1", "step", "executing")]
+    assert tree.counts == {"executing": 1}
+
+
+def test_an_executing_step_the_analysis_did_not_foresee_still_shows():
+    tree = build_tree(rows(("1", "done")), "running", executing=["loop.0.7"])
+    assert shape(tree) == [
+        ("1", "step", "done"),
+        ("loop", "fork", ""),
+        ("loop.0", "branch", ""),
+        ("loop.0.7", "step", "executing"),
+    ]
+    assert [n.name for n in flatten(tree.roots)][-1] == ""  # unknown until recorded

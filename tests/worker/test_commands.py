@@ -54,6 +54,12 @@ def test_worker_refuses_bad_options(args, message):
         call_command("everystep_worker", *args)
 
 
+def test_worker_refuses_heartbeat_settings_that_make_no_sense(settings):
+    settings.EVERYSTEP_RECOVER_STALE_AFTER = 1
+    with pytest.raises(CommandError, match=r"EVERYSTEP_RECOVER_STALE_AFTER \(1 s\) is less than 3 heartbeat"):
+        call_command("everystep_worker")
+
+
 def test_worker_command_maps_its_options_onto_the_worker(monkeypatch):
     from everystep.management.commands import everystep_worker
 

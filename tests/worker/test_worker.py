@@ -286,6 +286,10 @@ def test_embedded_worker_installs_no_signal_handlers_and_stops(start_worker, mon
         ({"poll": 0}, "poll interval"),
         ({"drain": -1}, "drain timeout"),
         ({"name": "x" * 256}, "limit is 255"),
+        ({"heartbeat_interval": 0}, "EVERYSTEP_HEARTBEAT_INTERVAL must be a positive number"),
+        ({"recover_stale_after": -1}, "EVERYSTEP_RECOVER_STALE_AFTER must be a positive number"),
+        ({"recover_stale_after": "60"}, "EVERYSTEP_RECOVER_STALE_AFTER must be a positive number"),
+        ({"heartbeat_interval": 5, "recover_stale_after": 10}, r"less than 3 heartbeat intervals"),
     ],
 )
 def test_bad_options_are_refused(options, message):

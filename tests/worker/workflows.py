@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from everystep import step, workflow
+from everystep import parallel, step, workflow
 from everystep.context import current
 from everystep.models import Workflow
 
@@ -52,6 +52,26 @@ def wait_gate(log: str, gate: str):
     _wait_for_file(gate)
     log_line(log, "end", run_id, 1, claimer, os.getpid())
     return claimer
+
+
+@step
+def gated(log: str, gate: str, index: int):
+    """Like ``wait_gate``, logged under ``index``."""
+    run_id, claimer = _where()
+    log_line(log, "start", run_id, index, claimer, os.getpid())
+    _wait_for_file(gate)
+    log_line(log, "end", run_id, index, claimer, os.getpid())
+    return claimer
+
+
+@workflow
+def forked_gates(log: str, gate_a: str, gate_b: str):
+    """Step 1, then a fork whose two branches each wait for their gate (steps
+    ``2.0.1`` and ``2.1.1``), then step 3."""
+    mark(log, 1)
+    ran_by = parallel(lambda: gated(log, gate_a, 20), lambda: gated(log, gate_b, 21))
+    mark(log, 3)
+    return list(ran_by)
 
 
 @workflow
