@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from . import claims, database, observability, operations, registry, runner, serde
+from . import claims, cron, database, observability, operations, registry, runner, serde
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -145,6 +145,7 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._metrics_server = None
+        self._cron: cron.CronStarter | None = None  # made by run(), from the registered schedules
 
     # ------------------------------------------------------------ public
 
@@ -162,6 +163,7 @@ class Worker:
                 failures,
             ) from failures[0].exception
         self._start_metrics()
+        self._cron = cron.CronStarter(registry.schedules(), runner=self.name)
         self._waker = _Waker()
         previous = self._install_signal_handlers()
         engine_db = database.connection()
@@ -191,6 +193,9 @@ class Worker:
             found = f"{len(names)} workflow{'s' if len(names) > 1 else ''}: {', '.join(names)}"
         else:
             found = "no workflows found in the installed apps' workflows modules"
+        schedules = registry.schedules()
+        if schedules:
+            found += "; cron: " + ", ".join(f"{schedule.workflow} {schedule}" for schedule in schedules)
         return (
             f"worker {self.name!r} started: pool {self.pool_size}, {engine_db.display_name} "
             f"database {engine_db.alias!r}, {pickup}, {found}"
@@ -211,6 +216,9 @@ class Worker:
         backoff = self.poll
         lost_at = None  # when claiming began to fail
         while not self._stopping:
+            # Before claiming, so that a slot's run can be claimed here at once;
+            # also when full (another worker may have room). No query until a slot is due.
+            self._cron.start_due()
             free = self.pool_size - len(self._inflight)
             claimed = []
             if free > 0:
@@ -252,8 +260,8 @@ class Worker:
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
-            # slot, a NOTIFY, stop() or the poll interval.
-            self._waker.wait(self.poll)
+            # slot, a NOTIFY, stop(), the poll interval or the next cron slot.
+            self._waker.wait(self._cron.timeout(self.poll))
 
     def _submit(self, executor: ThreadPoolExecutor, run: Workflow) -> None:
         slot = _Slot(self, run)
