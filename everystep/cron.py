@@ -284,6 +284,13 @@ class CronStarter:
         latest = schedule.latest_at(now)
         last = slot_of(getattr(last_run(schedule.workflow), "idempotency_key", None))
         inserted = 0
+        logger.debug(
+            "worker %r: cron %s first check: last slot started %s, latest slot %s",
+            self.runner,
+            schedule.workflow,
+            last and schedule.key(last)[len(KEY_PREFIX) :],
+            latest and schedule.key(latest)[len(KEY_PREFIX) :],
+        )
         if latest is not None and last is not None and latest > last:
             inserted = self._start(schedule, latest, now, skipped=schedule.slots_between(last, latest))
         entry.due = schedule.next_after(now) or _NEVER
