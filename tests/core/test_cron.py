@@ -39,19 +39,8 @@ class Clock:
 
 
 @pytest.fixture
-def declare(scratch_modules):
-    """``declare(cron=..., timezone=...)``: a registered cron workflow for this test
-    only (the registry forgets it afterwards), returning its slot argument."""
-
-    def make(name="report", **options):
-        def body(slot):
-            return slot.isoformat()
-
-        body.__name__ = body.__qualname__ = name
-        body.__module__ = f"{scratch_modules.prefix}.flows"
-        return workflow(**options)(body)
-
-    return make
+def declare(cron_workflow):
+    return cron_workflow
 
 
 def runs_of(func):
