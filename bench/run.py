@@ -33,7 +33,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import table  # noqa: E402
 
-SECTIONS = ("overhead", "throughput", "pickup", "ui")
+SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads")
+# Payload pages: a target for the time Chromium takes to draw them, and a bound
+# on their size (bytes of HTML), which must not grow with the payloads.
+PAYLOAD_PAGE_MS = 500
+PAYLOAD_PAGE_BYTES = 64_000
 
 
 def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
@@ -49,6 +53,7 @@ def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
         # The loaded runs are kept for the next run (everystep_bench_ui_<runs>).
         "ui": (["ui_scale.py", "--runs", "100000" if quick else "1000000",
                 "--requests", "10" if quick else "20", "--keep"], {}),
+        "payloads": (["ui_payloads.py", "--rounds", "3" if quick else "5"], {}),
     }
 
 
@@ -124,6 +129,19 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
                 continue
             rows.append(["5 UI at scale" if first else "", f"{label}, p50", f"{fig['p50_ms']:.0f} ms",
                          "<= 150 ms", verdict(fig["p50_ms"] <= 150)])
+            first = False
+    pages = results.get("payloads")
+    if pages:
+        first = True
+        for label, fig in pages.items():
+            if label.startswith("_"):
+                continue
+            rows += [
+                ["6 payload pages" if first else "", f"{label}, drawn (Chromium)", f"{fig['ms']:.0f} ms",
+                 f"<= {PAYLOAD_PAGE_MS} ms", verdict(fig["ms"] <= PAYLOAD_PAGE_MS)],
+                ["", f"{label}, HTML", f"{fig['bytes']:,} bytes", f"<= {PAYLOAD_PAGE_BYTES:,}",
+                 verdict(fig["bytes"] <= PAYLOAD_PAGE_BYTES)],
+            ]
             first = False
     return rows
 

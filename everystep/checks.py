@@ -97,3 +97,27 @@ def check_workflow_modules(app_configs, **kwargs):
         )
         for failure in failures
     ]
+
+
+@checks.register()
+def check_tasks_backend_needs_django_6(app_configs, **kwargs):
+    """Django 5.2 ignores ``TASKS``: a task would run nowhere, say so."""
+    import django
+
+    if django.VERSION >= (6, 0):
+        return []
+    configured = [
+        alias
+        for alias, config in getattr(settings, "TASKS", {}).items()
+        if isinstance(config, dict) and str(config.get("BACKEND", "")).startswith("everystep.tasks.")
+    ]
+    if not configured:
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{configured[0]!r}] names everystep's Tasks backend, which needs Django 6.0 or "
+            f"later (django.tasks); this is Django {django.get_version()}.",
+            hint="Upgrade to Django 6, or schedule @workflow functions with everystep.schedule().",
+            id="everystep.E005",
+        )
+    ]

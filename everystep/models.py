@@ -63,6 +63,9 @@ class Workflow(models.Model):
     class Meta:
         db_table = "everystep_workflow"
         ordering = ["-id"]
+        # A row is one run of a workflow: the admin and its messages say "run".
+        verbose_name = "run"
+        verbose_name_plural = "runs"
         indexes = [
             # Serves the claim query: scheduled rows in created_at order.
             models.Index(
@@ -90,6 +93,8 @@ class Workflow(models.Model):
             ("stop_workflow", "Can stop a run"),
             ("resolve_workflow", "Can resolve a blocked run"),
             ("requeue_workflow", "Can requeue a running run"),
+            ("rerun_workflow", "Can re-run a run from a step"),
+            ("fork_workflow", "Can fork a run from a step"),
         ]
 
     def __str__(self):
@@ -138,3 +143,36 @@ class Step(models.Model):
 
     def __str__(self):
         return f"{self.step_id} {self.name}"
+
+
+class RunFork(models.Model):
+    """Where a forked run comes from: one row per run made by "fork from a
+    step" (:func:`everystep.history.fork_from_step`), keyed by that run.
+
+    ``origin`` is the run it was forked from (``NULL`` once that run is
+    deleted, e.g. pruned), ``origin_step_id`` the step it was forked at: the
+    fork started with copies of the origin's rows recorded before that step
+    and ran the rest anew. An additive table: the two tables above keep
+    their columns.
+    """
+
+    run = models.OneToOneField(
+        Workflow, primary_key=True, on_delete=models.CASCADE, related_name="forked_from"
+    )
+    origin = models.ForeignKey(
+        Workflow, null=True, on_delete=models.SET_NULL, related_name="forks", db_index=False
+    )
+    origin_step_id = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_run_fork"
+        indexes = [
+            # A run page lists the run's forks, oldest first.
+            models.Index(fields=["origin", "created_at"], name="everystep_run_fork_origin_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.run_id} forked from {self.origin_id} at step {self.origin_step_id}"

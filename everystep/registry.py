@@ -114,11 +114,14 @@ def _import_owner(name: str) -> None:
 
 def autodiscover() -> list[ImportFailure]:
     """Import ``workflows`` modules of all installed apps, as the admin does for
-    ``admin``, and return those that failed: an app without one is fine, a
-    module that raises (also an ``ImportError`` for one of its own imports) is not."""
+    ``admin``, and their ``tasks`` modules when a ``TASKS`` backend is everystep's
+    (a django.tasks task registers as its module is imported: ``everystep.tasks``).
+    Return those that failed: an app without one is fine, a module that raises
+    (also an ``ImportError`` for one of its own imports) is not."""
     from django.apps import apps
 
-    modules = [f"{app_config.name}.workflows" for app_config in apps.get_app_configs()]
+    kinds = ["workflows", "tasks"] if _runs_tasks() else ["workflows"]
+    modules = [f"{app_config.name}.{kind}" for app_config in apps.get_app_configs() for kind in kinds]
     for module in modules:
         _import(module)
     with _lock:
@@ -188,3 +191,21 @@ def _is_import_machinery(filename: str) -> bool:
 def _forget_failure(module: str) -> None:
     with _lock:
         _import_failures.pop(module, None)
+
+
+def _runs_tasks() -> bool:
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    try:
+        from .tasks import EverystepBackend
+    except ImportError:  # Django 5.2: no django.tasks
+        return False
+    for config in getattr(settings, "TASKS", {}).values():
+        try:
+            backend = import_string(config["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own check reports a broken TASKS entry
+        if isinstance(backend, type) and issubclass(backend, EverystepBackend):
+            return True
+    return False

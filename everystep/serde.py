@@ -156,7 +156,8 @@ def import_string(dotted: str) -> Any:
 
 
 def encode_exception(exc: BaseException) -> dict:
-    """``{"type": "module.Class", "message": str(exc), "args": [...]}``.
+    """``{"type": "module.Class", "message": str(exc), "args": [...]}``, and
+    ``"traceback"`` (formatted) when the exception left a django.tasks task.
 
     ``args`` keeps the exception's arguments when they are all serializable,
     else only the message, so the stored payload is always valid JSON.
@@ -169,7 +170,12 @@ def encode_exception(exc: BaseException) -> dict:
             args = encode(list(exc.args))
         except EverystepError:
             args = [str(exc)]
-    return {"type": f"{cls.__module__}.{cls.__qualname__}", "message": str(exc), "args": args}
+    payload = {"type": f"{cls.__module__}.{cls.__qualname__}", "message": str(exc), "args": args}
+    # A task's failure keeps the traceback django.tasks reports (everystep.tasks sets it).
+    formatted = getattr(exc, "_everystep_traceback", None)
+    if isinstance(formatted, str):
+        payload["traceback"] = formatted
+    return payload
 
 
 def decode_exception(payload: dict) -> BaseException:

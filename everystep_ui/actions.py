@@ -1,11 +1,13 @@
-"""Operator actions on runs: Retry, Stop, Resolve, Requeue.
+"""Operator actions on runs: Retry, Stop, Resolve, Requeue, and from a step:
+Re-run from here, Fork from here.
 
-Each calls its transition in ``everystep.operations``, conditional on the
-status the operator saw, records a ``LogEntry`` on the run's admin history and
-reports through the admin's messages. ``run_action`` serves every single-run
-action (GET shows the confirmation and changes nothing, POST acts); Retry and
-Stop are also bulk actions of the run list, with a confirmation page modelled
-on Django's ``delete_selected``.
+Each calls its transition in ``everystep.operations`` (``everystep.history``
+for the two step actions), conditional on the status the operator saw (and,
+from a step, on the step rows shown), records a ``LogEntry`` on the run's
+admin history and reports through the admin's messages. ``run_action`` serves
+every single-run action (GET shows the confirmation and changes nothing, POST
+acts); Retry and Stop are also bulk actions of the run list, with a
+confirmation page modelled on Django's ``delete_selected``.
 """
 
 from collections.abc import Callable
@@ -14,16 +16,17 @@ from dataclasses import dataclass
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django_htmx.http import HttpResponseClientRedirect
 
-from everystep import operations
+from everystep import history, operations
 from everystep.errors import EverystepError
-from everystep.models import Workflow
+from everystep.models import Step, Workflow
 
 from . import display, views
-from .forms import RequeueForm, ResolveForm, RunActionForm
+from .forms import RequeueForm, ResolveForm, RunActionForm, StepCutForm
 
 Status = Workflow.Status
 BULK_REFUSALS_SHOWN = 5
@@ -63,6 +66,35 @@ def _resolve(request, run, seen, form) -> str:
     return f"Resolved step {step_id}: {how}; {seen} -> {Status.SCHEDULED}."
 
 
+def _rerun(request, run, seen, form) -> str:
+    cut = history.rerun_from_step(run.pk, form.step.step_id, **form.seen_cut(seen))
+    return f"Re-ran from step {cut.step.step_id}: {seen} -> {Status.SCHEDULED}; {describe_cut(cut)}."
+
+
+def _fork(request, run, seen, form) -> str:
+    fork, cut = history.fork_from_step(run.pk, form.step.step_id, **form.seen_cut(seen))
+    form.forked = fork
+    copied = f"copied {len(cut.kept)} step row{'s' if len(cut.kept) != 1 else ''}"
+    left_out = describe_cut(cut, "left out")
+    return f"Forked from step {cut.step.step_id} into run {fork.pk}: {copied}; {left_out}."
+
+
+def _after_fork(request, model_admin, run, form) -> str:
+    """The fork's own history starts with where it came from; the browser goes there."""
+    fork = form.forked
+    model_admin.log_addition(request, fork, f"Forked from run {run.pk} at step {form.step.step_id}.")
+    return model_admin.page_url(request, "run", fork.pk)
+
+
+def describe_cut(cut, done: str = "discarded") -> str:
+    rows = ", ".join(
+        f"{row.step_id} {row.name} ({row.status}{', unsafe to repeat' if row.unsafe else ''})"
+        for row in cut.discarded
+    )
+    count = len(cut.discarded)
+    return f"{done} {count} step row{'s' if count > 1 else ''}: {rows}"
+
+
 def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -85,6 +117,14 @@ class RunAction:
     allowed_from: tuple[str, ...]
     perform: Callable  # (request, run, seen status, form) -> the change, for the log and the message
     form_class: type[RunActionForm] = RunActionForm
+    # From a step: offered on each recorded step, previewed by preview(run id, step id).
+    preview: Callable | None = None
+    # (request, model_admin, run, form) -> the URL to go to once done (default: the run page).
+    after: Callable | None = None
+
+    @property
+    def per_step(self) -> bool:
+        return self.preview is not None
 
 
 ACTIONS = {
@@ -94,6 +134,14 @@ ACTIONS = {
         RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop),
         RunAction("resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm),
         RunAction("requeue", "Requeue", "requeued", operations.REQUEUEABLE, _requeue, RequeueForm),
+        RunAction(
+            "rerun", "Re-run from here", "re-run from a step", history.RERUNNABLE, _rerun, StepCutForm,
+            preview=history.rerun_preview,
+        ),
+        RunAction(
+            "fork", "Fork from here", "forked", history.FORKABLE, _fork, StepCutForm,
+            preview=history.fork_preview, after=_after_fork,
+        ),
     ]
 }
 
@@ -107,20 +155,55 @@ def available(request, model_admin, run) -> list[dict]:
     return [
         {"action": action, "url": model_admin.page_url(request, f"run_{action.name}", run.pk)}
         for action in ACTIONS.values()
-        if run.status in action.allowed_from and may(request, model_admin, action, run)
+        if not action.per_step
+        and run.status in action.allowed_from
+        and may(request, model_admin, action, run)
+    ]
+
+
+def available_from_step(request, model_admin, run, step_pk=None) -> list[dict]:
+    """The actions each recorded step offers (its status allows them, the user
+    may take them); with ``step_pk``, their URLs for that step."""
+    return [
+        {
+            "action": action,
+            "url": model_admin.page_url(request, f"run_{action.name}", run.pk, step_pk) if step_pk else "",
+        }
+        for action in ACTIONS.values()
+        if action.per_step and run.status in action.allowed_from and may(request, model_admin, action, run)
     ]
 
 
 # ---------------------------------------------------------------- one run
 
 
-def run_action(request, run_id, *, model_admin, action_name):
+def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
     action = ACTIONS[action_name]
-    run = views.get_run(request, model_admin, run_id, payloads=action.name == "resolve")
+    run = views.get_run(request, model_admin, run_id)
     if not may(request, model_admin, action, run):
         raise PermissionDenied
     run_url = model_admin.page_url(request, "run", run.pk)
-    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
+    posted = request.POST if request.method == "POST" else None
+    step, cut = None, None
+    if action.per_step:
+        steps = Step.objects.filter(workflow_id=run.pk).only("step_id")
+        step = steps.filter(pk=views.parse_id(int, step_pk)).first()
+        if step is None and posted is None:
+            raise Http404("This run has no such step.")
+        try:
+            if step is None:  # it was there when the confirmation was shown
+                raise EverystepError(
+                    f"Run {run.pk} moved on: the step row you chose is no longer recorded; "
+                    "nothing was changed."
+                )
+            if run.status in action.allowed_from:
+                cut = action.preview(run.pk, step.step_id)
+        except EverystepError as exc:  # the run moved on since it was read above
+            model_admin.message_user(request, str(exc), messages.WARNING)
+            return _back_to(request, run_url)
+        form = action.form_class(posted, run=run, step=step, cut=cut)
+    else:
+        form = action.form_class(posted, run=run)
     if request.method == "POST":
         if moved_on := form.moved_on():
             model_admin.message_user(
@@ -137,24 +220,30 @@ def run_action(request, run_id, *, model_admin, action_name):
                 model_admin.message_user(request, str(exc), messages.WARNING)
             else:
                 model_admin.message_user(request, f"Run {run.pk}: {change}", messages.SUCCESS)
+                if action.after is not None:
+                    return _back_to(request, action.after(request, model_admin, run, form))
             return _back_to(request, run_url)
+    url_args = (run.pk, step.pk) if step is not None else (run.pk,)
     context = {
         "action": action,
         "run": run,
         "form": form,
+        "step": step,
+        "cut": cut,
         "allowed": run.status in action.allowed_from,
         "refusal": _refused(action, run),
-        "action_url": model_admin.page_url(request, f"run_{action.name}", run.pk),
+        "action_url": model_admin.page_url(request, f"run_{action.name}", *url_args),
         "action_form_template": model_admin.action_form_template,
         "discarded": operations.retry_preview(run.pk) if action.name == "retry" else [],
-        "error": display.decode_error(run.error_json) if action.name == "resolve" else None,
         **views.page_context(request, model_admin, run),
     }
     return views.page_or_fragment(
         request, model_admin, context,
         fragment=model_admin.action_form_template,
         page=model_admin.action_template,
-        title=f"{action.label} run {run.pk}",
+        title=(
+            f"{action.label}: step {step.step_id} of run {run.pk}" if step else f"{action.label} run {run.pk}"
+        ),
         opts=Workflow._meta,
     )
 

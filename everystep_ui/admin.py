@@ -1,9 +1,15 @@
-"""Runs and steps in the Django admin, read-only.
+"""Runs in the Django admin, read-only.
 
 Engine state never changes through an admin form: every field is read-only and
 nobody has add/change/delete permission here. Operator actions (retry, stop,
-resolve, requeue) go through ``everystep.operations`` (see ``actions``), each
+resolve, requeue; re-run and fork from a step) go through
+``everystep.operations`` and ``everystep.history`` (see ``actions``), each
 behind its own permission (``Workflow.Meta.permissions``).
+
+Steps have no admin list of their own: a step is read on its run's page, behind
+``view_workflow`` like every page. A list of all steps of all runs would show
+the same payloads behind another permission (``view_step``), and answer no
+question the run pages do not answer better (there is no step outside its run).
 """
 
 import functools
@@ -14,7 +20,6 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
-from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -23,7 +28,7 @@ from django.utils.translation import gettext
 from everystep.models import Step, Workflow
 
 from . import display, overview, views
-from .actions import ACTIONS, available, retry_selected, run_action, stop_selected
+from .actions import ACTIONS, available, available_from_step, retry_selected, run_action, stop_selected
 from .filters import RunFilterSetListFilter
 from .paginators import EstimatedCountPaginator
 
@@ -67,15 +72,15 @@ class WorkflowAdmin(ReadOnlyAdmin):
         "workflow",
         "status_badge",
         "claimer",
-        "created_at",
-        "completed_at",
+        "created",
+        "completed",
         "duration",
         "steps_recorded",
     ]
     list_filter = [RunFilterSetListFilter]
     search_fields = ["name"]  # shows the search box; get_search_results decides
     search_help_text = "A run id or its first digits, part of a workflow name, or an idempotency key."
-    sortable_by = ["short_id", "created_at"]  # indexed columns only
+    sortable_by = ["short_id", "created"]  # indexed columns only
 
     class Media:
         css = {"all": ["everystep_ui/everystep_ui.css"]}
@@ -127,8 +132,18 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def has_requeue_permission(self, request, obj=None):
         return request.user.has_perm(f"{self.opts.app_label}.requeue_workflow")
 
+    def has_rerun_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.rerun_workflow")
+
+    def has_fork_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.fork_workflow")
+
     def action_buttons(self, request, run):
         return available(request, self, run)
+
+    def step_action_buttons(self, request, run, step_pk=None):
+        """Re-run from here, Fork from here: for one step (``step_pk``), or which are offered."""
+        return available_from_step(request, self, run, step_pk)
 
     # Pages
 
@@ -161,13 +176,25 @@ class WorkflowAdmin(ReadOnlyAdmin):
                 page(views.step_detail),
                 name=f"{name_prefix}run_step",
             ),
+            path(
+                "<str:run_id>/run/json/<str:name>/",
+                page(views.payload_json),
+                name=f"{name_prefix}run_json",
+            ),
+            path(
+                "<str:run_id>/run/steps/<str:step_pk>/json/<str:name>/",
+                page(views.payload_json),
+                name=f"{name_prefix}run_step_json",
+            ),
             *(
                 path(
-                    f"<str:run_id>/run/{name}/",
+                    f"<str:run_id>/run/steps/<str:step_pk>/{name}/"
+                    if action.per_step
+                    else f"<str:run_id>/run/{name}/",
                     page(functools.partial(run_action, action_name=name)),
                     name=f"{name_prefix}run_{name}",
                 )
-                for name in ACTIONS
+                for name, action in ACTIONS.items()
             ),
         ]
 
@@ -205,9 +232,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
             '<a href="{}" title="{}"><code>{}</code></a>', url, run.pk, display.short_id(run.pk)
         )
 
+    # The columns are written to fit a laptop screen next to the filters: long
+    # names may wrap at their dots (and a claimer at @), times at the space.
+
     @admin.display(description="workflow")
     def workflow(self, run):
-        return run.name
+        return display.wrappable(run.name)
 
     @admin.display(description="status")
     def status_badge(self, run):
@@ -215,52 +245,31 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="claimer")
     def claimer(self, run):
-        return run.claimed_by
+        return display.wrappable(run.claimed_by) if run.claimed_by else None
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run):
+        return display.timestamp(run.created_at)
+
+    @admin.display(description="completed")
+    def completed(self, run):
+        return None if self.waiting(run) else display.timestamp(run.completed_at)
 
     @admin.display(description="duration")
     def duration(self, run):
-        if run.completed_at is None:
+        if self.waiting(run):
             return None
         return display.format_duration(run.completed_at - run.created_at)
 
-    @admin.display(description="steps recorded")
+    @staticmethod
+    def waiting(run) -> bool:
+        """Not completed: still to run or running, or blocked (its completed_at
+        is when it began to wait for an operator; the run page shows it)."""
+        return run.completed_at is None or run.status == Workflow.Status.BLOCKED
+
+    @admin.display(description="steps")
     def steps_recorded(self, run):
         return run.step_count
-
-
-@admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
-    """Step rows across runs; a step opens on its run's step page."""
-
-    list_display = ["step_id", "name", "status", "run"]
-    sortable_by = []
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).defer(*views.STEP_PAYLOADS)
-
-    def step_url(self, step):
-        return reverse(
-            f"admin:{Workflow._meta.app_label}_{Workflow._meta.model_name}_run_step",
-            args=[step.workflow_id, step.pk],
-            current_app=self.admin_site.name,
-        )
-
-    @admin.display(description="run")
-    def run(self, step):
-        return format_html(
-            '<a href="{}" title="{}"><code>{}</code></a>',
-            self.step_url(step),
-            step.workflow_id,
-            display.short_id(step.workflow_id),
-        )
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        step = self.get_object(request, object_id)
-        if step is None:
-            raise Http404("No step has this id.")
-        return redirect(self.step_url(step))
 
 
 def id_prefix_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:

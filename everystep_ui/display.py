@@ -6,24 +6,47 @@ was renamed, and an operator page must open whatever the row holds.
 """
 
 import json
-from dataclasses import dataclass
-from datetime import timedelta
+import re
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
-from django.db.models import ExpressionWrapper, F, JSONField
+from django.utils import timezone
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from everystep.errors import EffectUncertain, Terminal
+
+from .payloads import Preview, reindent
 
 TERMINAL_TYPE = f"{Terminal.__module__}.{Terminal.__qualname__}"
 EFFECT_UNCERTAIN_TYPE = f"{EffectUncertain.__module__}.{EffectUncertain.__qualname__}"
 
 
-def stored_json(field_name: str) -> ExpressionWrapper:
-    """Annotation reading a column as plain JSON, bypassing everystep's decoding."""
-    return ExpressionWrapper(F(field_name), output_field=JSONField())
-
-
 def pretty_json(value) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    """``value`` pretty-printed, cut at ``payloads.PREVIEW_CHARS`` characters."""
+    text, cut = reindent(json.dumps(value, ensure_ascii=False))
+    return f"{text}…" if cut else text
+
+
+def wrappable(name: str) -> SafeString:
+    """``name`` escaped, free to wrap after each ``.`` and ``@``: a dotted path or
+    a worker name would otherwise widen its column to its whole length."""
+    return mark_safe(re.sub(r"([.@])", r"\1<wbr>", escape(name)))  # the name is escaped first
+
+
+def timestamp(moment: datetime) -> SafeString:
+    """Date and time in the current time zone, wrapping between the two (the
+    page's time zone is in the title)."""
+    local = timezone.localtime(moment)
+    return format_html(
+        '<time datetime="{}" title="{}">'
+        '<span class="es-nowrap">{}</span> <span class="es-nowrap">{}</span></time>',
+        local.isoformat(),
+        local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        local.strftime("%Y-%m-%d"),
+        local.strftime("%H:%M:%S"),
+    )
 
 
 def short_id(run_id) -> str:
@@ -67,6 +90,31 @@ class DecodedError:
     is_uncertain: bool = False
     raw_json: str = ""
     where: dict | None = None  # a workflows module's import error: module, file, line
+    # The exception's arguments say more than its message (or its Terminal
+    # reason and payload); usually they are the message again.
+    shows_args: bool = True
+    stored: Preview | None = None  # the stored payload: its size and download link
+
+
+def stored_error(stored: Preview) -> DecodedError | None:
+    """A stored error payload: decoded when it was read whole, otherwise the
+    start of its JSON, as stored."""
+    payload = _UNDECODED  # too big to decode for a page, or nested too deep to decode
+    if stored.whole is not None:
+        with suppress(ValueError, RecursionError):
+            payload = json.loads(stored.whole)
+    if payload is _UNDECODED:
+        decoded = DecodedError(type="", message="", args_json="", raw_json=stored.text)
+    else:
+        decoded = decode_error(payload)
+        if decoded is None:
+            return None
+        stored = replace(stored, complete=True)  # shown whole, decoded
+    decoded.stored = stored
+    return decoded
+
+
+_UNDECODED = object()
 
 
 def decode_error(payload) -> DecodedError | None:
@@ -89,6 +137,7 @@ def decode_error(payload) -> DecodedError | None:
         decoded.terminal_reason = str(args[0]) if args else decoded.message
         decoded.terminal_payload_json = pretty_json(args[1] if len(args) > 1 else None)
     decoded.is_uncertain = error_type == EFFECT_UNCERTAIN_TYPE
+    decoded.shows_args = not decoded.is_terminal and args not in ([], [decoded.message])
     where = payload.get("where")
     if isinstance(where, dict):
         decoded.where = {key: str(where.get(key, "")) for key in ("module", "file", "line")}

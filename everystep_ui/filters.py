@@ -136,14 +136,13 @@ class RunFilterSetListFilter(admin.ListFilter):
                 yield {"name": name, "value": value}
 
     def queryset(self, request, queryset):
+        """The valid filters applied; each invalid one reported and left out, so
+        that the list is what it would be without it."""
         if not self.filterset.is_bound:
             return queryset
-        if self.filterset.is_valid():
-            return self.filterset.filter_queryset(queryset)
         form = self.filterset.form
-        problems = "; ".join(
-            f"{form.fields[name].label if name in form.fields else 'Filter'}: {' '.join(errors)}"
-            for name, errors in form.errors.items()
-        )
-        messages.error(request, f"The filter was not applied. {problems}")
-        return queryset.none()
+        for name, errors in form.errors.items():
+            label = form.fields[name].label if name in form.fields else "Filter"
+            messages.error(request, f"The filter “{label}” was not applied: {' '.join(errors)}")
+        # django-filter filters with the form's cleaned_data: the valid fields only.
+        return self.filterset.filter_queryset(queryset)

@@ -43,6 +43,59 @@ class RequeueForm(RunActionForm):
         return f"it is running under {self.run.claimed_by} now, not {seen}"
 
 
+class StepCutForm(RunActionForm):
+    """Re-run from a step and Fork from a step also carry the step rows as
+    shown (``seen_mark``: how many, and the last one's id), so that a history
+    changed meanwhile is left alone. When the cut leaves out unsafe-to-repeat
+    steps, a second confirmation names them and must be ticked."""
+
+    seen_mark = forms.CharField(widget=forms.HiddenInput)
+    confirm_unsafe = forms.BooleanField(required=False)
+
+    def __init__(self, data=None, *, run: Workflow, step: Step, cut=None):
+        self.step, self.cut = step, cut
+        super().__init__(data, run=run)
+        unsafe = cut.unsafe if cut is not None else ()
+        if unsafe:
+            names = ", ".join(f"{row.name} (step {row.step_id})" for row in unsafe)
+            what = "this unsafe-to-repeat step" if len(unsafe) == 1 else "these unsafe-to-repeat steps"
+            self.fields["confirm_unsafe"].label = (
+                f"Yes, run {what} again, although its effect may happen twice: {names}"
+                if len(unsafe) == 1
+                else f"Yes, run {what} again, although their effects may happen twice: {names}"
+            )
+        else:
+            del self.fields["confirm_unsafe"]
+
+    def seen(self, run) -> dict:
+        return {**super().seen(run), "seen_mark": self.cut.mark if self.cut is not None else ""}
+
+    def moved_on(self) -> str:
+        status_changed = super().moved_on()
+        seen = self.data.get("seen_mark")
+        if status_changed or not seen or self.cut is None or seen == self.cut.mark:
+            return status_changed
+        return "its recorded steps changed since they were shown"
+
+    def clean(self):
+        data = super().clean()
+        if "confirm_unsafe" in self.fields and not data.get("confirm_unsafe"):
+            self.add_error(
+                "confirm_unsafe",
+                "Tick this to confirm that these unsafe-to-repeat steps run again, or cancel.",
+            )
+        return data
+
+    def seen_cut(self, seen_status: str) -> dict:
+        """The keyword arguments of ``rerun_from_step``/``fork_from_step`` that
+        make it conditional on what the operator saw and confirmed."""
+        return {
+            "expected_status": seen_status,
+            "expected_mark": self.cleaned_data["seen_mark"],
+            "confirm_unsafe": self.cleaned_data.get("confirm_unsafe", False),
+        }
+
+
 class ResolveForm(RunActionForm):
     """The three choices of ``everystep_resolve_step``, with the same validation."""
 

@@ -6,23 +6,30 @@ partial (the run's live block while polling, a step's payloads when expanded).
 """
 
 import uuid
-from functools import wraps
+from functools import partial, wraps
 from urllib.parse import urlencode
 
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.core.exceptions import PermissionDenied
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.http import Http404, HttpResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep.models import Step, Workflow
+from everystep.models import RunFork, Step, Workflow
 
 from . import display, tree
+from .payloads import JSONHead, Preview, json_download
 
 RUN_PAYLOADS = ("args", "result", "error")
 STEP_PAYLOADS = ("args", "kwargs", "result", "error")
+FORKS_SHOWN = 20  # a run page lists this many of the run's forks, oldest first
+# What a run's completed_at is on its page. A blocked run has not ended: it waits
+# for an operator since then, and is scheduled again once resolved.
+END_LABELS = {"failed": "Failed at", "stopped": "Stopped at", "blocked": "Blocked since"}
 
 
 def staff_only(view, admin_site):
@@ -51,31 +58,71 @@ def run_detail(request, run_id, *, model_admin):
         html = render_to_string(model_admin.run_live_template, context, request)
         # 286 tells htmx to stop polling; the final state is still swapped in.
         return HttpResponse(html) if context["live"] else HttpResponseStopPolling(html)
-    context.update(model_admin.admin_site.each_context(request))
+    context.update(model_admin.admin_site.each_context(request), **lineage(request, model_admin, run))
     return TemplateResponse(request, model_admin.run_template, context)
+
+
+def lineage(request, model_admin, run: Workflow) -> dict:
+    """The run this one was forked from, and the runs forked from it (shown
+    outside the polled block: they do not change while the run runs)."""
+    origin = RunFork.objects.filter(run_id=run.pk).values("origin_id", "origin_step_id").first()
+    if origin is not None:
+        origin_id = origin["origin_id"]
+        origin = {
+            "step_id": origin["origin_step_id"],
+            "id": origin_id,
+            "short_id": display.short_id(origin_id) if origin_id else "",
+            "url": model_admin.page_url(request, "run", origin_id) if origin_id else "",
+        }
+    forks = list(
+        RunFork.objects.filter(origin_id=run.pk)
+        .order_by("created_at")
+        .values_list("run_id", "origin_step_id", "run__status")[: FORKS_SHOWN + 1]
+    )
+    more = 0
+    if len(forks) > FORKS_SHOWN:
+        more = RunFork.objects.filter(origin_id=run.pk).count() - FORKS_SHOWN
+        forks = forks[:FORKS_SHOWN]
+    return {
+        "forked_from": origin,
+        "forks": [
+            {
+                "id": fork_id,
+                "short_id": display.short_id(fork_id),
+                "step_id": step_id,
+                "status": status,
+                "url": model_admin.page_url(request, "run", fork_id),
+            }
+            for fork_id, step_id, status in forks
+        ],
+        "more_forks": more,
+    }
 
 
 def step_detail(request, run_id, step_pk, *, model_admin):
     run = get_run(request, model_admin, run_id)
-    step = (
-        Step.objects.filter(workflow_id=run.pk, pk=parse_id(int, step_pk))
-        .defer(*STEP_PAYLOADS)
-        .annotate(**{f"{name}_json": display.stored_json(name) for name in STEP_PAYLOADS})
-        .first()
-    )
-    if step is None:
-        raise Http404("This run has no such step.")
+    step = get_step(run, step_pk, payloads=True)
     status = tree.step_status(step.status, run.status)
+    uncertain = status == "uncertain"
+    # In a blocked run's page (the panel htmx loads), the run's status says how to resolve it.
+    resolve_on_run_page = uncertain and request.htmx and run.status == Workflow.Status.BLOCKED
+    download_url = partial(model_admin.page_url, request, "run_step_json", run.pk, step.pk)
+    payloads = previews(step, STEP_PAYLOADS, download_url)
     context = {
         "run": run,
         "step": step,
         "status": status,
         "status_label": tree.STATUS_LABELS.get(status, status),
-        "args_pretty": display.pretty_json(step.args_json),
-        "kwargs_pretty": display.pretty_json(step.kwargs_json),
-        "result_pretty": display.pretty_json(step.result_json) if status == "done" else None,
-        "error": display.decode_error(step.error_json),
-        "resolve_command": (display.resolve_command(run.pk, step.step_id) if status == "uncertain" else ""),
+        "args": payloads["args"],
+        "kwargs": payloads["kwargs"],
+        "result": payloads["result"] if status == "done" else None,
+        "error": display.stored_error(payloads["error"]),
+        "uncertain_step": step if uncertain else None,
+        "resolve_command": (
+            display.resolve_command(run.pk, step.step_id) if uncertain and not resolve_on_run_page else ""
+        ),
+        "resolve_on_run_page": resolve_on_run_page,
+        "step_actions": model_admin.step_action_buttons(request, run, step.pk),
     }
     return page_or_fragment(
         request, model_admin, context,
@@ -95,20 +142,52 @@ def page_or_fragment(request, model_admin, context, *, fragment, page, **page_ex
     return TemplateResponse(request, page, context)
 
 
+def payload_json(request, run_id, name, step_pk=None, *, model_admin):
+    """A run's or a step's payload, whole, as the JSON download its preview links to."""
+    run = get_run(request, model_admin, run_id)
+    if name not in (STEP_PAYLOADS if step_pk is not None else RUN_PAYLOADS):
+        raise Http404(f"There is no payload named {name!r}.")
+    if step_pk is None:
+        rows, filename = Workflow.objects.filter(pk=run.pk), f"run-{run.pk}-{name}.json"
+    else:
+        step = get_step(run, step_pk)
+        rows, filename = Step.objects.filter(pk=step.pk), f"run-{run.pk}-step-{step.step_id}-{name}.json"
+    # As text, as stored: not decoded into Python objects and encoded again.
+    text = rows.values_list(Cast(name, TextField()), flat=True).get()
+    return json_download(text, filename)
+
+
 def get_run(request, model_admin, run_id, *, payloads=False) -> Workflow:
     """The run the URL names, or 403/404. With ``payloads``, its args, result and
-    error come as stored JSON in ``args_json``, ``result_json``, ``error_json``."""
+    error come as ``payloads.JSONHead`` in ``args_head``, ``result_head``, ``error_head``."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     queryset = model_admin.get_queryset(request)
     if payloads:
-        queryset = queryset.annotate(**{f"{name}_json": display.stored_json(name) for name in RUN_PAYLOADS})
+        queryset = queryset.annotate(**{f"{name}_head": JSONHead(name) for name in RUN_PAYLOADS})
     run = queryset.filter(pk=parse_id(uuid.UUID, run_id)).first()
     if run is None:
         raise Http404("No run has this id.")
     if not model_admin.has_view_permission(request, run):
         raise PermissionDenied
     return run
+
+
+def previews(row, names, url) -> dict[str, Preview]:
+    """The payloads of a run or step read with ``payloads=True``, each linking to
+    its download at ``url(name)``."""
+    return {name: Preview.of(getattr(row, f"{name}_head"), url(name)) for name in names}
+
+
+def get_step(run: Workflow, step_pk: str, *, payloads=False) -> Step:
+    """The run's step the URL names, or 404; with ``payloads`` as for ``get_run``."""
+    steps = Step.objects.filter(workflow_id=run.pk, pk=parse_id(int, step_pk)).defer(*STEP_PAYLOADS)
+    if payloads:
+        steps = steps.annotate(**{f"{name}_head": JSONHead(name) for name in STEP_PAYLOADS})
+    step = steps.first()
+    if step is None:
+        raise Http404("This run has no such step.")
+    return step
 
 
 def parse_id(kind, text: str):
@@ -135,8 +214,9 @@ def run_context(request, model_admin, run: Workflow) -> dict:
     # One reverse() for all steps: thousands of them would cost a noticeable share of the page.
     step_tree.step_url = model_admin.page_url(request, "run_step", run.pk, "STEP_PK")
 
-    error = display.decode_error(run.error_json)
-    uncertain = [row.step_id for row in steps if row.status == Step.Status.STARTED]
+    payloads = previews(run, RUN_PAYLOADS, partial(model_admin.page_url, request, "run_json", run.pk))
+    error = display.stored_error(payloads["error"])
+    uncertain = next((row for row in steps if row.status == Step.Status.STARTED), None)
     show_resolve = run.status == Workflow.Status.BLOCKED or (error and error.is_uncertain)
     completed = run.status == Workflow.Status.COMPLETED
     return {
@@ -144,16 +224,19 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "opts": Workflow._meta,
         "run": run,
         "live": run.status in (Workflow.Status.SCHEDULED, Workflow.Status.RUNNING),
+        "end_label": END_LABELS.get(run.status, "Completed"),
         "duration": display.format_duration(run.completed_at - run.created_at if run.completed_at else None),
-        "args_pretty": display.pretty_json(run.args_json),
-        "result_pretty": display.pretty_json(run.result_json) if completed else None,
+        "args": payloads["args"],
+        "result": payloads["result"] if completed else None,
         "error": error,
+        "uncertain_step": uncertain,
         "resolve_command": (
-            display.resolve_command(run.pk, uncertain[0] if uncertain else None) if show_resolve else ""
+            display.resolve_command(run.pk, uncertain.step_id if uncertain else None) if show_resolve else ""
         ),
         "tree": step_tree,
         "steps_recorded": len(steps),
         "action_buttons": model_admin.action_buttons(request, run),
+        "step_actions": model_admin.step_action_buttons(request, run),
         **page_context(request, model_admin, run),
     }
 

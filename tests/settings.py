@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "everystep-tests-only"
 DEBUG = False
@@ -126,6 +128,9 @@ TEMPLATES = [
         },
     }
 ]
+
+if django.VERSION >= (6, 0):  # django.tasks: everystep's backend (tests/tasks)
+    TASKS = {"default": {"BACKEND": "everystep.tasks.EverystepBackend"}}
 
 LOGGING = {
     "version": 1,

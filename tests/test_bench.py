@@ -4,6 +4,7 @@ figure against its target. Nothing here asserts anything about speed. Each
 script works in a database of its own on the suite's server, and drops it."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -114,6 +115,21 @@ def test_ui_pages(tmp_path):
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
 
 
+def test_history_operations(tmp_path):
+    figures = figures_of(tmp_path, "history.py", "--runs", "2", "--steps", "50", "--payload-kb", "0.1")
+    assert set(figures) == {"preview", "fork", "re-run"}
+    assert all(figure["p50_ms"] > 0 for figure in figures.values())
+
+
+def test_payload_pages_in_chromium(tmp_path):
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("the payload pages are measured in /usr/bin/chromium")
+    figures = figures_of(tmp_path, "ui_payloads.py", "--arg-mb", "0.05", "--integers", "500", "--rounds", "1")
+    pages = {label: figure for label, figure in figures.items() if not label.startswith("_")}
+    assert set(pages) == {"run page", "step page", "step panel (htmx)"}
+    assert all(figure["bytes"] > 0 and figure["ms"] > 0 for figure in pages.values())
+
+
 def test_fencing_runs():
     done = bench("fencing.py", "--steps", "20", "--rounds", "1", "--background-runs", "10")
     assert "prepared" in done.stdout
@@ -126,6 +142,7 @@ FIGURES = {
                    "dbos": {"runs_per_s": 10, "steps_per_s": 100, "version": "3.4.0"}},
     "pickup": {"notify": {"p50_ms": 10.5, "p99_ms": 50}, "poll": {"p50_ms": 150, "p99_ms": 210}},
     "ui": {"runs list, first page": {"p50_ms": 150}, "run page, 5,000 steps": {"p50_ms": 151}},
+    "payloads": {"run page": {"ms": 500, "bytes": 64_001}, "step page": {"ms": 501, "bytes": 18_000}},
 }
 
 
@@ -141,4 +158,8 @@ def test_the_summary_judges_each_figure_against_its_target():
         "peak memory per recorded step": "PASS",
         "runs list, first page, p50": "PASS",
         "run page, 5,000 steps, p50": "MISS",
+        "run page, drawn (Chromium)": "PASS",
+        "run page, HTML": "MISS",
+        "step page, drawn (Chromium)": "MISS",
+        "step page, HTML": "PASS",
     }

@@ -87,5 +87,19 @@ def test_related_name_and_cascade():
     assert not Step.objects.exists()
 
 
+def test_the_run_fork_table_links_a_fork_to_its_origin():
+    """Additive: the fork's id as primary key, the origin's (nullable), the step, and an
+    index for the origin's list of forks."""
+    cols = columns("everystep_run_fork")
+    assert set(cols) == {"run_id", "origin_id", "origin_step_id", "created_at"}
+    assert {name for name, col in cols.items() if col.null_ok} == {"origin_id"}
+    with database.connection().cursor() as cursor:
+        constraints = database.connection().introspection.get_constraints(cursor, "everystep_run_fork")
+    assert any(c["primary_key"] and c["columns"] == ["run_id"] for c in constraints.values())
+    assert constraints["everystep_run_fork_origin_idx"]["columns"] == ["origin_id", "created_at"]
+    targets = sorted(c["foreign_key"] for c in constraints.values() if c["foreign_key"])
+    assert targets == [("everystep_workflow", "id"), ("everystep_workflow", "id")]
+
+
 def test_migrations_are_complete():
     call_command("makemigrations", "everystep", "--check", "--dry-run", verbosity=0)

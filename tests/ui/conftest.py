@@ -68,20 +68,20 @@ def _user(username, *, staff, permissions=()):
 
 @pytest.fixture
 def viewer_client(client, db):
-    """A staff user who may view runs and steps, nothing more."""
-    client.force_login(_user("viewer", staff=True, permissions=["view_workflow", "view_step"]))
+    """A staff user who may view runs (and so their steps), nothing more."""
+    client.force_login(_user("viewer", staff=True, permissions=["view_workflow"]))
     return client
 
 
 @pytest.fixture
 def operator_client(db):
     """``operator_client("retry_workflow", ...)``: a client logged in as a staff user
-    who may view runs and steps and has these permissions."""
+    who may view runs (and so their steps) and has these permissions."""
 
     def make(*permissions):
         client = Client()
         name = "operator-" + "-".join(permissions) if permissions else "operator"
-        client.force_login(_user(name, staff=True, permissions=["view_workflow", "view_step", *permissions]))
+        client.force_login(_user(name, staff=True, permissions=["view_workflow", *permissions]))
         return client
 
     return make

@@ -5,7 +5,7 @@ from urllib.parse import quote
 
 import pytest
 
-from .conftest import HTMX
+from .conftest import HTMX, _user
 
 UNKNOWN = uuid.UUID("01900000-0000-7000-8000-000000000000")
 
@@ -43,6 +43,30 @@ def test_non_staff_users_get_the_login_page(non_staff_client, pages):
 def test_staff_without_the_view_permission_is_forbidden(unpermitted_staff_client, pages):
     for url, response in each_page(pages, unpermitted_staff_client):
         assert response.status_code == 403, url
+
+
+def test_the_step_view_permission_alone_shows_nothing(client, make_run, pages):
+    # Steps hold the same personal data as their runs: every page needs view_workflow.
+    make_run(steps=[{"step_id": "1", "name": "shop.steps.charge_card", "args": ["4242 4242"]}])
+    client.force_login(_user("step-viewer", staff=True, permissions=["view_step"]))
+    for url, response in each_page(pages, client):
+        assert response.status_code == 403, url
+    for url in ("/admin/everystep/step/", "/admin/everystep/step/1/change/", "/admin/everystep/"):
+        assert client.get(url).status_code == 404, url
+    index = client.get("/admin/").text
+    assert "everystep" not in index and "Steps" not in index
+
+
+def test_steps_are_not_an_admin_list_of_their_own(admin_client, make_run):
+    # A step is read on its run's page; a list of every step of every run would
+    # be a second way in, needing a permission of its own.
+    run = make_run(steps=[{"step_id": "1"}])
+    step = run.steps.get()
+    assert admin_client.get("/admin/everystep/step/").status_code == 404
+    assert admin_client.get(f"/admin/everystep/step/{step.pk}/change/").status_code == 404
+    app = admin_client.get("/admin/everystep/").text
+    assert '<a href="/admin/everystep/workflow/">Runs</a>' in app
+    assert "/admin/everystep/step/" not in app
 
 
 def test_staff_with_the_view_permission_can_look(viewer_client, pages):

@@ -13,6 +13,7 @@ from everystep import database, registry
 from everystep.models import Workflow
 from tests.helpers import run_once
 
+from . import control_workflows as flows
 from .conftest import CHECKOUT, HTMX
 
 SCRIPT = "<script>alert(1)</script>"
@@ -89,6 +90,63 @@ def test_a_blocked_run_tells_how_to_resolve_it(admin_client, make_run):
         f"python manage.py everystep_resolve_step {run.pk} 2 (--result JSON | --error MESSAGE | --discard)"
     ) in html
     assert "started (uncertain)" in html
+
+
+def blocked_by_a_crash() -> Workflow:
+    """A run whose worker died right after an unsafe step, replayed into blocked by the engine."""
+    from everystep import operations, runner, schedule
+    from everystep.errors import SimulatedCrash
+    from tests.helpers import claim
+
+    run = schedule(flows.checkout, "order-7", 1999)
+
+    def crash(ctx, step_id):
+        raise SimulatedCrash("the test pulls the plug after the charge")
+
+    runner.fault = crash
+    try:
+        runner.execute(claim(run, "crashed-worker"), "crashed-worker")
+    finally:
+        runner.fault = None
+    operations.release_run(run.pk, "crashed-worker")
+    assert run_once(run).status == "blocked"
+    return run
+
+
+def test_a_blocked_run_says_once_what_is_uncertain_and_how_to_resolve_it(admin_client):
+    run = blocked_by_a_crash()
+    command = f"everystep_resolve_step {run.pk} 1 (--result JSON | --error MESSAGE | --discard)"
+    html = admin_client.get(run_page(run)).text
+    assert html.count(command) == 1
+    assert html.count("never recorded") == 1
+    assert f"Step <code>1</code> (<code>{registry.qualified_name(flows.charge)}</code>)" in html
+    # The stored EffectUncertain is one link away, not shown again.
+    assert f'href="/admin/everystep/workflow/{run.pk}/run/json/error/" download' in html
+    assert "<h4>Exception arguments</h4>" not in html
+
+    # Opening the step's panel, or the Resolve confirmation, does not say it again.
+    step = run.steps.get(step_id="1")
+    panel = admin_client.get(f"{run_page(run)}steps/{step.pk}/", **HTMX).text
+    assert "everystep_resolve_step" not in panel and "never recorded" not in panel
+    assert "under Status" in panel
+    confirmation = admin_client.get(f"{run_page(run)}resolve/", **HTMX).text
+    assert "everystep_resolve_step" not in confirmation
+
+
+def test_a_blocked_run_is_blocked_since_not_completed(admin_client, run_in):
+    created = timezone.now() - dt.timedelta(minutes=3)
+    run = run_in("blocked", created_at=created, completed_at=created + dt.timedelta(seconds=4))
+    html = admin_client.get(run_page(run)).text
+    assert '<th scope="row">Completed</th>' not in html
+    since = timezone.localtime(run.completed_at).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f'<tr><th scope="row">Blocked since</th><td>{since}</td></tr>' in html
+
+
+@pytest.mark.parametrize(("status", "label"), [("completed", "Completed"), ("failed", "Failed at"),
+                                               ("stopped", "Stopped at")])
+def test_the_end_of_a_run_is_named_by_how_it_ended(admin_client, make_run, status, label):
+    run = make_run(status=status, completed_at=timezone.now())
+    assert f'<tr><th scope="row">{label}</th><td>' in admin_client.get(run_page(run)).text
 
 
 def test_an_unreadable_error_payload_is_shown_as_stored(admin_client, make_run):

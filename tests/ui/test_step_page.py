@@ -77,8 +77,12 @@ def test_a_terminal_step_shows_reason_and_payload(admin_client, make_run):
 
 def test_an_uncertain_step_shows_the_resolve_command(admin_client, make_run):
     run = make_run(status="blocked", steps=[{"step_id": "ship", "status": "started"}])
-    html = admin_client.get(step_page(run, run.steps.get()), **HTMX).text
+    html = admin_client.get(step_page(run, run.steps.get())).text
     assert f"everystep_resolve_step {run.pk} ship (--result JSON" in html
+    # Opened on the run page, whose status says it already, the panel points there.
+    panel = admin_client.get(step_page(run, run.steps.get()), **HTMX).text
+    assert "everystep_resolve_step" not in panel
+    assert "how to resolve it is under Status, above" in panel
 
 
 def test_a_started_step_of_a_running_run_is_in_flight(admin_client, make_run):

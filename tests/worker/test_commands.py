@@ -163,6 +163,10 @@ def test_prune_refuses_bad_input(args, message):
     assert Workflow.objects.filter(id=run.id).exists()
 
 
+# A real commit, not the test's open transaction: from Django 6.0 every command's
+# system checks query the database (JSONField support), and on SQLite with
+# IMMEDIATE transactions they would wait on the test's write lock.
+@pytest.mark.django_db(transaction=True)
 def test_bad_input_exits_non_zero_with_the_message():
     result = subprocess.run(
         [sys.executable, "-m", "django", "everystep_prune", "--older-than", "1", "--status", "running"],

@@ -1,0 +1,320 @@
+"""A run's history cut at one of its steps: re-run the run from that step in
+place (:func:`rerun_from_step`), or fork it from there into a new run
+(:func:`fork_from_step`).
+
+The rows *after* a step S, which a re-run discards and a fork does not copy:
+S's own row, and every row recorded after it (a greater ``everystep_step.id``:
+the recording order), except the rows of parallel branches running alongside
+S's branch (the row and S lie in different branches of one ``parallel``
+call). Such a branch never sees S's outcome, so its rows hold whatever S does
+next. Every other row recorded after S may depend on S: a later step in S's
+scope (also inside a fork nested there), or a step after the ``parallel``
+call that holds S, which starts only once all its branches have ended.
+
+Why replay resumes correctly from the rows kept: they are exactly what the run
+would hold had its process died just before S's row was written, with S's
+branch slower than its siblings. That is a state a crash can leave, and replay
+resumes it as the uninterrupted run would go on (``docs/concepts.md``, "Replay
+is equivalent to the first pass"): it serves the kept rows, runs S again and
+everything after it. A kept ``started`` row (an unsafe step whose outcome was
+never recorded) blocks the run there, as it would after a crash.
+
+Invariants: each operation is one transaction on the locked run row, checking
+under that lock that the run is as the caller saw it (its status and its
+history: how many rows, and the last row's id); otherwise it raises
+``EverystepError`` and writes nothing. A crash at any line leaves everything as
+it was (the transaction rolls back) or the whole operation done.
+"""
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from . import database, registry
+from .errors import EverystepError
+from .models import RunFork, Step, Workflow
+from .operations import _allowed_from, _refusal, parse_run_id
+from .scheduling import notify_scheduled
+from .statements import uuid_param
+
+Status = Workflow.Status
+
+RERUNNABLE = (Status.FAILED, Status.STOPPED, Status.COMPLETED)
+# A fork copies a settled history: the run has ended (blocked included).
+FORKABLE = tuple(Status.terminal_values())
+BATCH = 500  # ids per IN (...) list: well under every backend's limit on parameters
+
+
+@dataclass(frozen=True)
+class CutRow:
+    """A step row of a cut history: ``why`` it is discarded (or kept);
+    ``unsafe`` when its function is marked unsafe to repeat."""
+
+    id: int
+    step_id: str
+    name: str
+    status: str
+    unsafe: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A run's history cut at ``step``.
+
+    ``discarded``: ``step`` and the rows after it, in recording order (a
+    re-run deletes them, a fork does not copy them: they run anew).
+    ``alongside``: rows recorded after ``step`` in branches running alongside
+    its own; they are kept. ``kept``: the ids of every row kept, in recording
+    order. ``uncertain``: kept rows still ``started``, where the resumed run
+    (or the fork) blocks until resolved. ``mark`` names the history the cut was
+    made from: pass it back as ``expected_mark`` so that nothing is written if
+    the history changed meanwhile.
+    """
+
+    run_id: uuid.UUID
+    status: str
+    step: CutRow
+    discarded: tuple[CutRow, ...]
+    alongside: tuple[CutRow, ...]
+    uncertain: tuple[CutRow, ...]
+    kept: tuple[int, ...]
+    mark: str
+
+    @property
+    def unsafe(self) -> tuple[CutRow, ...]:
+        """The discarded rows whose step is unsafe to repeat (their effects happen again)."""
+        return tuple(row for row in self.discarded if row.unsafe)
+
+
+def rerun_preview(run_id, step_id: str) -> Cut:
+    """What :func:`rerun_from_step` would discard and keep now; changes nothing.
+    Refuses (``EverystepError``) a malformed or unknown run id, a run that
+    cannot be re-run, and a step the run has not recorded."""
+    return _preview(run_id, step_id, RERUNNABLE, "re-run from a step")
+
+
+def fork_preview(run_id, step_id: str) -> Cut:
+    """What :func:`fork_from_step` would copy and leave out now; changes nothing.
+    Refuses as :func:`rerun_preview` does."""
+    return _preview(run_id, step_id, FORKABLE, "forked")
+
+
+def _preview(run_id, step_id: str, allowed, done: str) -> Cut:
+    run_id = parse_run_id(run_id)
+    status = Workflow.objects.filter(id=run_id).values_list("status", flat=True).first()
+    if status not in allowed:
+        raise _refusal(run_id, None, allowed, done)
+    return _cut(run_id, status, step_id)
+
+
+def rerun_from_step(
+    run_id,
+    step_id: str,
+    *,
+    expected_status: str | None = None,
+    expected_mark: str | None = None,
+    confirm_unsafe: bool = False,
+) -> Cut:
+    """Re-run a ``failed``, ``stopped`` or ``completed`` run from ``step_id``, in place.
+
+    Deletes the step's row and the rows after it (see the module), clears the
+    run's result, error, end and claimer, and sets it ``scheduled``: its next
+    replay serves the rows kept and runs the rest again. Refuses, writing
+    nothing, when the run is not in ``expected_status`` (or any allowed
+    status), its history is not ``expected_mark``, or a discarded step is
+    unsafe to repeat and ``confirm_unsafe`` is not set. Returns the cut made.
+    """
+    run_id = parse_run_id(run_id)
+    statuses = _allowed_from(run_id, expected_status, RERUNNABLE, "re-run from a step")
+    with database.atomic():
+        status = (
+            Workflow.objects.select_for_update()
+            .filter(id=run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status not in statuses:
+            raise _refusal(run_id, expected_status, RERUNNABLE, "re-run from a step")
+        cut = _cut(run_id, status, step_id)
+        _check_seen(cut, expected_mark)
+        _check_unsafe(cut, confirm_unsafe, "re-running")
+        for ids in _batches([row.id for row in cut.discarded]):
+            Step.objects.filter(workflow_id=run_id, id__in=ids).delete()
+        Workflow.objects.filter(id=run_id, status=status).update(
+            status=Status.SCHEDULED, error=None, result=None, completed_at=None, claimed_by=None
+        )
+        notify_scheduled()
+    return cut
+
+
+def fork_from_step(
+    run_id,
+    step_id: str,
+    *,
+    expected_status: str | None = None,
+    expected_mark: str | None = None,
+    confirm_unsafe: bool = False,
+) -> tuple[Workflow, Cut]:
+    """A new ``scheduled`` run of the same workflow with the same arguments,
+    whose history holds copies of the rows of ``run_id`` kept by cutting it at
+    ``step_id`` (see the module): its replay serves them and runs the rest
+    anew. The origin is not changed; a ``RunFork`` row links the two.
+
+    Rows are copied as stored, in recording order: a ``started`` row stays
+    ``started`` (never ``done``), so the fork blocks there as its origin
+    would. The origin's idempotency key is not copied: it identifies the
+    origin (and the unique constraint on it would refuse a second row).
+    Refuses, writing nothing, as :func:`rerun_from_step` does; the origin must
+    have ended (``completed``, ``failed``, ``stopped`` or ``blocked``).
+    Returns the new run and the cut.
+    """
+    run_id = parse_run_id(run_id)
+    statuses = _allowed_from(run_id, expected_status, FORKABLE, "forked")
+    with database.atomic():
+        origin = Workflow.objects.select_for_update().filter(id=run_id).only("name", "args", "status").first()
+        if origin is None or origin.status not in statuses:
+            raise _refusal(run_id, expected_status, FORKABLE, "forked")
+        cut = _cut(run_id, origin.status, step_id)
+        _check_seen(cut, expected_mark)
+        _check_unsafe(cut, confirm_unsafe, "forking")
+        fork = Workflow.objects.create(name=origin.name, args=origin.args)
+        _copy_rows(run_id, fork.id, cut)
+        RunFork.objects.create(run=fork, origin_id=run_id, origin_step_id=cut.step.step_id)
+        notify_scheduled()
+    return fork, cut
+
+
+# ---------------------------------------------------------------- the cut
+
+
+def _cut(run_id, status: str, step_id: str) -> Cut:
+    rows = list(
+        Step.objects.filter(workflow_id=run_id)
+        .order_by("id")
+        .values_list("id", "step_id", "name", "status")
+    )
+    mark = f"{len(rows)}:{rows[-1][0] if rows else 0}"
+    chosen = next((row for row in rows if row[1] == step_id), None)
+    if chosen is None:
+        raise EverystepError(
+            f"run {run_id} has no recorded step {step_id!r} (recorded: {_some_ids(rows)}); "
+            "nothing was changed"
+        )
+    at = step_id.split(".")
+    unsafe = _unsafe_lookup()
+    discarded, alongside, uncertain, kept = [], [], [], []
+    for pk, sid, name, row_status in rows:
+        if pk == chosen[0]:
+            discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), "the chosen step"))
+            continue
+        if pk > chosen[0]:
+            other = sid.split(".")
+            i = _diverge(at, other)
+            if i is None or i % 2 == 0:  # not in a branch running alongside: it may depend on the step
+                discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), _why_after(at, i)))
+                continue
+            why = f"branch {'.'.join(other[: i + 1])} runs alongside branch {'.'.join(at[: i + 1])}: kept"
+            alongside.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
+        kept.append(pk)
+        if row_status == Step.Status.STARTED:
+            why = "kept as started: its outcome was never recorded, so the run blocks there"
+            uncertain.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
+    return Cut(
+        run_id=run_id,
+        status=status,
+        step=discarded[0],
+        discarded=tuple(discarded),
+        alongside=tuple(alongside),
+        uncertain=tuple(uncertain),
+        kept=tuple(kept),
+        mark=mark,
+    )
+
+
+def _diverge(a: list[str], b: list[str]) -> int | None:
+    """The first position where two dotpaths differ (None if one extends the
+    other). A dotpath alternates call ids (even positions) and branch indexes
+    (odd positions): two step ids that part at a branch index lie in two
+    branches of one ``parallel`` call, running alongside each other."""
+    for i in range(min(len(a), len(b))):
+        if a[i] != b[i]:
+            return i
+    return None
+
+
+def _why_after(at: list[str], i: int | None) -> str:
+    """Why a row recorded after the chosen step ``at``, parting from it at
+    position ``i`` (a call id), depends on it."""
+    if i is None:
+        return "recorded after it"
+    if i == len(at) - 1:
+        scope = at[:-1]
+        return f"later in branch {'.'.join(scope)}" if scope else "later in the workflow body"
+    return f"after parallel {'.'.join(at[: i + 1])}, which holds the chosen step"
+
+
+def _unsafe_lookup():
+    """``unsafe(name)``, asking the registry once per function name."""
+    seen: dict[str, bool] = {}
+
+    def unsafe(name: str) -> bool:
+        if name not in seen:
+            spec = registry.get_step(name)
+            seen[name] = spec is not None and spec.unsafe_to_repeat
+        return seen[name]
+
+    return unsafe
+
+
+def _some_ids(rows, limit: int = 10) -> str:
+    ids = [row[1] for row in rows[:limit]]
+    if not ids:
+        return "none"
+    return ", ".join(ids) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def _check_seen(cut: Cut, expected_mark: str | None) -> None:
+    if expected_mark is not None and expected_mark != cut.mark:
+        raise EverystepError(
+            f"run {cut.run_id} moved on: its recorded steps changed since they were shown "
+            "(re-run, retried or resolved meanwhile?); nothing was changed"
+        )
+
+
+def _check_unsafe(cut: Cut, confirmed: bool, doing: str) -> None:
+    if cut.unsafe and not confirmed:
+        names = ", ".join(f"{row.step_id} ({row.name})" for row in cut.unsafe)
+        raise EverystepError(
+            f"run {cut.run_id}: {doing} from step {cut.step.step_id} runs again "
+            f"{len(cut.unsafe)} unsafe-to-repeat step{'s' if len(cut.unsafe) > 1 else ''} whose "
+            f"effect already happened or may have: {names}. Nothing was changed; confirm that "
+            "these effects may happen again to go ahead."
+        )
+
+
+# ---------------------------------------------------------------- copying rows
+
+COPY_ROWS = (
+    "INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error) "
+    "SELECT %s, step_id, name, args, kwargs, status, result, error FROM everystep_step "
+    "WHERE workflow_id = %s AND {} ORDER BY id"
+)
+
+
+def _copy_rows(origin_id, fork_id, cut: Cut) -> None:
+    """Copy the kept rows into the fork, values as stored (no decoding: a
+    megabyte result is not rebuilt in Python), in recording order: every row
+    before the chosen step in one statement, then those alongside it."""
+    conn = database.connection()
+    ids = uuid_param(conn, fork_id), uuid_param(conn, origin_id)
+    with conn.cursor() as cursor:
+        cursor.execute(COPY_ROWS.format("id < %s"), [*ids, cut.step.id])
+        for batch in _batches([row.id for row in cut.alongside]):
+            placeholders = ", ".join(["%s"] * len(batch))
+            cursor.execute(COPY_ROWS.format(f"id IN ({placeholders})"), [*ids, *batch])
+
+
+def _batches(ids: Sequence[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), BATCH):
+        yield list(ids[start : start + BATCH])

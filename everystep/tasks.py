@@ -1,0 +1,238 @@
+"""A backend for Django's Tasks framework (``django.tasks``, Django 6.0 and later)
+that makes every enqueued task a durable everystep run.
+
+    TASKS = {"default": {"BACKEND": "everystep.tasks.EverystepBackend"}}
+
+``.enqueue(*args, **kwargs)`` inserts one ``scheduled`` run, the one write
+``schedule()`` makes, on everystep's database and inside the caller's
+transaction when that transaction is on the same alias. The run's name is the
+task's module path; its ``args`` is ``[args, kwargs]`` (so a run's args stay a
+list passed positionally, to the adapter below). Any worker runs it: importing
+the task's module creates the ``Task``, Django validates it with this backend,
+and :meth:`EverystepBackend.validate_task` registers the adapter under the
+task's name, as ``@workflow`` does at import.
+
+The adapter first records a step, ``task:started``, whose value is the time
+the run first started (``TaskResult.started_at``; the data model keeps no
+claim time), then calls the task in a scope of its own, so a task's step ids
+are those of its function alone. A failure keeps its formatted traceback in the
+run's error (key ``traceback``), which ``TaskError.traceback`` reports.
+
+Invariants: a crash at any line of a task leaves what a crash of a workflow
+leaves (the run replays; recorded steps, ``task:started`` among them, are
+served from the store). Enqueue writes one row or nothing.
+"""
+
+import inspect
+import traceback
+import uuid
+
+import django
+
+try:
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskError
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued
+except ImportError as exc:  # Django 5.2 has no django.tasks
+    raise ImportError(
+        f"everystep.tasks needs Django 6.0 or later (django.tasks); this is Django "
+        f"{django.get_version()}. On Django 5.2, schedule @workflow functions instead."
+    ) from exc
+
+from django.core import checks
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import registry, serde
+from .api import step
+from .context import Context, activate, current
+from .errors import EverystepError
+from .statuses import RunStatus
+
+__all__ = ["EverystepBackend"]
+
+STARTED_STEP_ID = "task:started"
+MAX_NAME_LENGTH = 300  # everystep_workflow.name
+
+# A run's status as django.tasks reports it. ``stopped`` (a Terminal, or an
+# operator's stop) and ``blocked`` (an unsafe step's outcome unknown) ended
+# without success: FAILED, with the cause in ``errors``. An operator's retry or
+# resolve puts the run back to ``scheduled``, so READY again.
+STATUSES = {
+    RunStatus.SCHEDULED: TaskResultStatus.READY,
+    RunStatus.RUNNING: TaskResultStatus.RUNNING,
+    RunStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    RunStatus.FAILED: TaskResultStatus.FAILED,
+    RunStatus.STOPPED: TaskResultStatus.FAILED,
+    RunStatus.BLOCKED: TaskResultStatus.FAILED,
+}
+
+
+class EverystepBackend(BaseTaskBackend):
+    # Durable timers are not there yet: a run is claimed as soon as it is committed.
+    supports_defer = False
+    # A coroutine runs through Task.call (async_to_sync) on the run's thread.
+    supports_async_task = True
+    supports_get_result = True
+    # Runs are claimed oldest first, whatever their task.
+    supports_priority = False
+
+    def validate_task(self, task: Task) -> None:
+        """Django's validation, one queue, and a name that fits a run's name.
+
+        Django validates a ``Task`` as it is created, which is when its module is
+        imported, in every process: the adapter is registered under the task's
+        name then, so that a worker that imports the module can run it."""
+        super().validate_task(task)
+        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+            # everystep has one queue: every worker claims every run.
+            raise InvalidTask(f"Queue '{task.queue_name}' is not valid for backend.")
+        if len(task.module_path) > MAX_NAME_LENGTH:
+            raise InvalidTask(
+                f"Task module path {task.module_path[:60]}... is {len(task.module_path)} characters; "
+                f"a run's name holds {MAX_NAME_LENGTH}."
+            )
+        registry.register(_adapter_spec(task))
+
+    def enqueue(self, task: Task, args, kwargs) -> TaskResult:
+        from .models import Workflow
+        from .scheduling import insert_run
+
+        self.validate_task(task)
+        args, kwargs = list(args), dict(kwargs)
+        _check_arguments(task, args, kwargs)
+        run = insert_run(Workflow, task.module_path, [args, kwargs], None)
+        result = self._task_result(task, run, started_at=None)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id) -> TaskResult:
+        from .models import Step, Workflow
+
+        try:
+            run_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        run = Workflow.objects.filter(id=run_id).first()
+        if run is None:
+            raise TaskResultDoesNotExist(result_id)
+        task = _task_named(run.name)
+        if task is None:
+            raise TaskResultDoesNotExist(
+                f"{result_id} is a run of {run.name}, which is not a task this process can import"
+            )
+        if task.backend != self.alias:
+            task = task.using(backend=self.alias)
+        started_at = (
+            Step.objects.filter(workflow_id=run_id, step_id=STARTED_STEP_ID)
+            .values_list("result", flat=True)
+            .first()
+        )
+        return self._task_result(task, run, started_at=started_at)
+
+    def check(self, **kwargs):
+        yield from super().check(**kwargs)
+        if self.queues != {DEFAULT_TASK_QUEUE_NAME}:
+            yield checks.Error(
+                f"TASKS[{self.alias!r}]['QUEUES'] is {sorted(self.queues)}, but everystep has one "
+                "queue: every worker claims every run.",
+                hint=f"Remove QUEUES, or set it to [{DEFAULT_TASK_QUEUE_NAME!r}].",
+                id="everystep.E004",
+            )
+
+    def _task_result(self, task: Task, run, *, started_at) -> TaskResult:
+        args, kwargs = run.args
+        result = TaskResult(
+            task=task,
+            id=str(run.id),
+            status=STATUSES[run.status],
+            enqueued_at=run.created_at,
+            started_at=started_at,
+            finished_at=run.completed_at,
+            last_attempted_at=None,  # not recorded: a run keeps no claim time
+            # Django requires JSON here: the stored (serde-encoded) form.
+            args=serde.encode(args),
+            kwargs=serde.encode(kwargs),
+            backend=self.alias,
+            errors=[_task_error(run.error)] if run.error else [],
+            # The worker that holds or last held the run: one claimer is recorded, not a history.
+            worker_ids=[run.claimed_by] if run.claimed_by else [],
+        )
+        if run.status == RunStatus.COMPLETED:
+            object.__setattr__(result, "_return_value", run.result)
+        return result
+
+
+def _check_arguments(task: Task, args: list, kwargs: dict) -> None:
+    """Refuse, before anything is written, arguments the task cannot take or
+    everystep cannot store."""
+    leading = (None,) if task.takes_context else ()
+    try:
+        inspect.signature(task.func).bind(*leading, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"arguments do not fit task {task.module_path}: {exc}") from None
+    for kind, value in (("positional", args), ("keyword", kwargs)):
+        try:
+            serde.encode(value)
+        except EverystepError as exc:
+            raise EverystepError(
+                f"task {task.module_path}: {kind} arguments are not serializable, "
+                f"nothing was enqueued: {exc}"
+            ) from None
+
+
+def _task_error(payload) -> TaskError:
+    """A run's stored error as django.tasks reports it. Errors recorded outside
+    the task body (an operator's stop, a missing task) carry no traceback: the
+    exception's last line stands in for it."""
+    if not isinstance(payload, dict):
+        return TaskError(exception_class_path="", traceback=repr(payload))
+    kind, message = str(payload.get("type", "")), str(payload.get("message", ""))
+    formatted = payload.get("traceback")
+    if not isinstance(formatted, str):
+        formatted = f"{kind}: {message}\n" if message else f"{kind}\n"
+    return TaskError(exception_class_path=kind, traceback=formatted)
+
+
+def _task_named(name: str) -> Task | None:
+    try:
+        task = import_string(name)
+    except ImportError:
+        return None
+    return task if isinstance(task, Task) else None
+
+
+# ---------------------------------------------------------------- the worker's side
+
+
+@step
+def task_started():
+    """The time a task's run first started; recorded once, served on replays."""
+    return timezone.now()
+
+
+def _adapter_spec(task: Task) -> registry.Spec:
+    def run_task(args, kwargs):
+        return _run(task, args, kwargs)
+
+    # The run page's pending steps come from the task's own function (everystep.graph).
+    run_task.__everystep__ = registry.Spec(task.module_path, task.func, "workflow")
+    return registry.Spec(task.module_path, run_task, "workflow")
+
+
+def _run(task: Task, args: list, kwargs: dict):
+    ctx = current()
+    task_started(everystep_id=STARTED_STEP_ID)
+    # A scope of its own: the task's first step is "1", as in a workflow.
+    with activate(Context(ctx.state)):
+        try:
+            if task.takes_context:
+                result = task.get_backend().get_result(str(ctx.workflow_id))
+                return task.call(TaskContext(task_result=result), *args, **kwargs)
+            return task.call(*args, **kwargs)
+        except Exception as exc:
+            # TaskError.traceback: kept in the run's error by serde.encode_exception.
+            exc._everystep_traceback = "".join(traceback.format_exception(exc))
+            raise

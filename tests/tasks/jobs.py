@@ -1,0 +1,87 @@
+"""Tasks the tests enqueue through Django's own API (``django.tasks``)."""
+
+import asyncio
+import datetime as dt
+import os
+
+from asgiref.sync import sync_to_async
+from django.tasks import task
+
+from everystep import Terminal, step
+from tests.worker.workflows import _wait_for_file, log_line, mark
+
+
+@step
+def shift(day: dt.date, days: int) -> dt.date:
+    return day + dt.timedelta(days=days)
+
+
+@step
+def double(value: int) -> int:
+    return value * 2
+
+
+@task
+def add_days(day, days, *, token, blob):
+    """Dates, UUIDs and bytes in and out; the types the body received."""
+    later = shift(day, days)
+    types = [type(value).__name__ for value in (day, token, blob)]
+    return {"day": later, "token": token, "blob": blob, "types": types}
+
+
+@task
+def total(*numbers):
+    return sum(double(n) for n in numbers)
+
+
+@task
+def fails(message):
+    double(1)
+    raise ValueError(message)
+
+
+@task
+def stops(reason):
+    raise Terminal(reason, {"by": "the task"})
+
+
+@task(takes_context=True)
+def knows_its_context(context, value):
+    return {
+        "id": context.task_result.id,
+        "status": context.task_result.status,
+        "attempt": context.attempt,
+        "worker_ids": context.task_result.worker_ids,
+        "value": value,
+    }
+
+
+@task
+async def doubled_then_incremented(value):
+    """An async task: steps go through sync_to_async (thread-sensitive), which
+    runs them on the run's thread, where they are recorded."""
+    doubled = await sync_to_async(double)(value)
+    await asyncio.sleep(0)
+    return doubled + 1
+
+
+@task
+def logged_chain(log, steps, delay=0):
+    """tests.worker.workflows.chain as a task: each step logs its start and end."""
+    return [mark(log, i, delay) for i in range(1, steps + 1)]
+
+
+@step(unsafe_to_repeat=True)
+def charge(log, gate):
+    log_line(log, "charge", os.getpid())
+    _wait_for_file(gate)
+    return "charged"
+
+
+@task
+def pay(log, gate):
+    return charge(log, gate)
+
+
+def not_a_task():
+    return None
