@@ -114,10 +114,12 @@ def percentile(values, fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def start_worker(name: str, *, pool: int, poll: float, log, extra=()) -> subprocess.Popen:
+def start_worker(
+    name: str, *, pool: int, poll: float, log, extra=(), settings: str = "bench.settings"
+) -> subprocess.Popen:
     """A worker process on the benchmark database, as an operator starts one:
     ``python -m django everystep_worker``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "bench.settings"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": settings}
     return subprocess.Popen(
         [sys.executable, "-m", "django", "everystep_worker", "--name", name, "--pool", str(pool),
          "--poll", str(poll), *extra],

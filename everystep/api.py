@@ -11,8 +11,15 @@ from .errors import EverystepError, Terminal
 __all__ = ["workflow", "step", "parallel", "schedule", "Terminal"]
 
 
-def workflow(func: Callable) -> Callable:
+def workflow(func: Callable | None = None, *, cron: str | None = None, timezone: str = "UTC"):
     """Mark ``func`` as a workflow: a function that :func:`schedule` can run durably.
+
+    Use as ``@workflow``, or ``@workflow(cron="0 9 * * MON-FRI")`` to have the
+    workers start it on a schedule: once per slot (a time the expression
+    matches in ``timezone``, UTC by default), with the slot's time as its one
+    argument, however many workers run (see :doc:`/schedules`). A bad
+    expression, an unknown zone or a function that cannot take the slot
+    raises :class:`~everystep.cron.ScheduleError` here, at import.
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
@@ -25,15 +32,29 @@ def workflow(func: Callable) -> Callable:
     arguments and return value go through :mod:`everystep.serde`. Outside a
     run, calling the function is a plain call.
     """
-    spec = registry.Spec(registry.qualified_name(func), func, "workflow")
-    registry.register(spec)
 
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        return func(*args, **kwargs)
+    def decorate(func: Callable) -> Callable:
+        name = registry.qualified_name(func)
+        schedule = None
+        if cron is not None:
+            from . import cron as crons  # cronsim is imported only by a project that declares a schedule
 
-    wrapper.__everystep__ = spec
-    return wrapper
+            schedule = crons.declare(name, func, cron, timezone)
+        elif timezone != "UTC":
+            raise EverystepError(
+                f"workflow {name}: timezone={timezone!r} is the zone of a cron schedule; add cron=..."
+            )
+        spec = registry.Spec(name, func, "workflow", cron=schedule)
+        registry.register(spec)
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+
+        wrapper.__everystep__ = spec
+        return wrapper
+
+    return decorate(func) if func is not None else decorate
 
 
 def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):

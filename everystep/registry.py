@@ -16,6 +16,10 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cron import CronSchedule
 
 _lock = threading.Lock()
 _workflows: dict[str, "Spec"] = {}
@@ -29,6 +33,7 @@ class Spec:
     func: Callable
     kind: str  # "workflow" or "step"
     unsafe_to_repeat: bool = False
+    cron: "CronSchedule | None" = None  # @workflow(cron=...): everystep.cron
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,12 @@ def register(spec: Spec) -> None:
 
 def workflow_names() -> list[str]:
     return sorted(_workflows)
+
+
+def schedules() -> list["CronSchedule"]:
+    """The cron schedules of the registered workflows, by workflow name."""
+    with _lock:
+        return [spec.cron for _, spec in sorted(_workflows.items()) if spec.cron is not None]
 
 
 def get_workflow(name: str) -> Spec | None:

@@ -9,20 +9,26 @@ NOTIFY_CHANNEL = "everystep_scheduled"
 
 
 def insert_run(model, name: str, args: list, idempotency_key: str | None):
+    return insert_run_once(model, name, args, idempotency_key)[0]
+
+
+def insert_run_once(model, name: str, args: list, idempotency_key: str | None) -> tuple:
+    """``(run, inserted)``: ``inserted`` is False when the key's run existed or
+    another caller's insert won the race (the cron starter counts its wins)."""
     if idempotency_key is None:
         run = model.objects.create(name=name, args=args)
     else:
         run = model.objects.filter(name=name, idempotency_key=idempotency_key).first()
         if run is not None:
-            return run
+            return run, False
         try:
             # A savepoint: losing the race must not break the caller's transaction.
             with database.atomic():
                 run = model.objects.create(name=name, args=args, idempotency_key=idempotency_key)
         except IntegrityError:
-            return _winner(model, name, idempotency_key)
+            return _winner(model, name, idempotency_key), False
     notify_scheduled()
-    return run
+    return run, True
 
 
 def _winner(model, name: str, idempotency_key: str):

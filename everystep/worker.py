@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from . import claims, database, heartbeats, observability, operations, registry, runner, serde
+from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -190,6 +190,7 @@ class Worker:
         # Judge others stale only from this time on (None: not before a heartbeat
         # of ours went through). Set a limit ahead after we lost the database.
         self._judge_from: float | None = 0.0
+        self._cron: cron.CronStarter | None = None  # made by run(), from the registered schedules
 
     # ------------------------------------------------------------ public
 
@@ -207,6 +208,7 @@ class Worker:
                 failures,
             ) from failures[0].exception
         self._start_metrics()
+        self._cron = cron.CronStarter(registry.schedules(), runner=self.name)
         self._waker = _Waker()
         previous = self._install_signal_handlers()
         engine_db = database.connection()
@@ -238,6 +240,9 @@ class Worker:
             found = f"{len(names)} workflow{'s' if len(names) > 1 else ''}: {', '.join(names)}"
         else:
             found = "no workflows found in the installed apps' workflows modules"
+        schedules = registry.schedules()
+        if schedules:
+            found += "; cron: " + ", ".join(f"{schedule.workflow} {schedule}" for schedule in schedules)
         return (
             f"worker {self.name!r} started: pool {self.pool_size}, {engine_db.display_name} "
             f"database {engine_db.alias!r}, {pickup}, {found}"
@@ -261,6 +266,9 @@ class Worker:
             # Before the start-up reclaim: a restart under the name of a worker
             # gone stale then either keeps its runs or finds them requeued.
             due_in = self._tend(recover=True)
+            # Before claiming, so that a slot's run can be claimed here at once;
+            # also when full (another worker may have room). No query until a slot is due.
+            self._cron.start_due()
             free = self.pool_size - len(self._inflight)
             claimed = []
             if free > 0:
@@ -302,8 +310,8 @@ class Worker:
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
-            # slot, a NOTIFY, stop(), the poll interval or a heartbeat.
-            self._waker.wait(max(0.0, min(self.poll, due_in)))
+            # slot, a NOTIFY, stop(), the poll interval, a heartbeat or the next cron slot.
+            self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in)))
 
     # ------------------------------------------------------------ heartbeat and recovery
 

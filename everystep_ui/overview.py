@@ -1,11 +1,13 @@
 """The overview page: runs per status, the dead-letter depth, the age of the
-oldest scheduled run, throughput over the last hour and the workers.
+oldest scheduled run, throughput over the last hour, the workers and the cron
+schedules.
 
 Every figure is one query an index serves, so the page stays cheap on a table
 of millions of runs: the status index for the counts (GROUP BY status) and the
-runners (status = 'running'), the claim index for the oldest scheduled run, and the
-completed_at index for the throughput chart. The workers are the heartbeat
-table, a row per worker.
+runners (status = 'running'), the claim index for the oldest scheduled run, the
+completed_at index for the throughput chart, and the unique (name,
+idempotency_key) index for each schedule's last run and missed slot (two
+lookups per schedule). The workers are the heartbeat table, a row per worker.
 """
 
 import datetime as dt
@@ -17,7 +19,7 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from everystep import heartbeats
+from everystep import cron, heartbeats, registry
 from everystep.models import Heartbeat, Workflow
 
 from . import display, views
@@ -184,8 +186,48 @@ def figures(now: dt.datetime | None = None) -> dict:
         "workers": worker_rows(runners),
         "stale_after": heartbeats.shown_stale_after(),
         "recovery_on": heartbeats.stale_after() is not None,
+        "schedules": [cron.state(schedule, now) for schedule in registry.schedules()],
         "now": now,
     }
+
+
+@dataclass
+class ScheduleRow:
+    """A cron schedule as the overview lists it; times in the schedule's zone."""
+
+    workflow: str
+    expression: str
+    timezone: str
+    next_slot: dt.datetime | None
+    next_in: str
+    last_slot: dt.datetime | None  # the slot of the last run
+    last_status: str | None
+    latest_slot: dt.datetime | None  # the most recent slot due
+    missed: bool
+    runs_url: str
+    last_run_url: str | None
+
+
+def schedule_row(state: cron.ScheduleState, now: dt.datetime, *, runs_url: str, last_run_url) -> ScheduleRow:
+    schedule, last = state.schedule, state.last_run
+    last_slot = cron.slot_of(last.idempotency_key) if last else None
+
+    def local(slot):
+        return schedule.argument(slot) if slot else None
+
+    return ScheduleRow(
+        workflow=schedule.workflow,
+        expression=schedule.expression,
+        timezone=schedule.timezone,
+        next_slot=local(state.next_slot),
+        next_in=display.format_duration(state.next_slot - now) if state.next_slot else "never",
+        last_slot=local(last_slot),
+        last_status=last.status if last else None,
+        latest_slot=local(state.latest_slot),
+        missed=state.missed,
+        runs_url=runs_url,
+        last_run_url=last_run_url,
+    )
 
 
 # ---------------------------------------------------------------- the page
@@ -205,6 +247,15 @@ def overview(request, *, model_admin):
         "counts": [(status, n, listed(status=status)) for status, n in data["counts"]],
         "runners": [(name, n, listed(status=Status.RUNNING, claimed_by=name)) for name, n in data["runners"]],
         "workers": [(row, listed(status=Status.RUNNING, claimed_by=row.name)) for row in data["workers"]],
+        "schedules": [
+            schedule_row(
+                state,
+                data["now"],
+                runs_url=listed(name=state.schedule.workflow),
+                last_run_url=state.last_run and model_admin.page_url(request, "run", state.last_run.id),
+            )
+            for state in data["schedules"]
+        ],
         "blocked_url": listed(status=Status.BLOCKED),
         "scheduled_url": listed(status=Status.SCHEDULED),
         "overview_url": model_admin.page_url(request, "overview"),

@@ -2,7 +2,7 @@ import pytest
 from django.conf import settings
 
 from everystep import runner
-from tests.scratch import scratch_modules  # noqa: F401  (a fixture for every test package)
+from tests.scratch import cron_workflow, scratch_modules  # noqa: F401  (fixtures for every test package)
 from tests.throwaway_postgres import ThrowawayPostgres
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
@@ -38,3 +38,4 @@ def throwaway_postgres():
         pytest.skip("restarts a PostgreSQL server of its own: runs in the PostgreSQL pass")
     with ThrowawayPostgres() as server:
         yield server
+

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from everystep import registry
+from everystep.api import workflow
 
 
 class ScratchModules:
@@ -59,3 +60,20 @@ def scratch_modules(tmp_path, monkeypatch):
     yield modules
     for name in [name for name in sys.modules if name.startswith(modules.prefix)]:
         del sys.modules[name]
+
+
+@pytest.fixture
+def cron_workflow(scratch_modules):
+    """``cron_workflow(name, cron=..., timezone=...)``: a workflow registered for
+    this test only (the registry forgets it afterwards, so no other test's
+    worker starts its slots). It returns the slot it was called with, as ISO text."""
+
+    def declare(name="report", **options):
+        def body(slot):
+            return slot.isoformat()
+
+        body.__name__ = body.__qualname__ = name
+        body.__module__ = f"{scratch_modules.prefix}.flows"
+        return workflow(**options)(body)
+
+    return declare

@@ -145,6 +145,13 @@ def recovered(name: str, n: int) -> None:
         metrics.recovered(name, n)
 
 
+def cron_started(workflow: str, runner: str, late: float, skipped: int) -> None:
+    """This worker's insert won a cron slot, ``late`` seconds after the slot's
+    time, skipping ``skipped`` missed slots before it (the catch-up policy)."""
+    if metrics is not None:
+        metrics.cron_started(workflow, runner, late, skipped)
+
+
 def serve_worker_metrics(port: int, bind: str = "0.0.0.0"):
     """Serve this process's metrics over HTTP on a daemon thread (``--metrics-port``).
 

@@ -18,6 +18,8 @@ from ..statuses import RunStatus
 # Runs and steps are often long (remote calls, human waits): the default
 # buckets stop at 10s.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# A slot starts within milliseconds while a worker is up; after downtime, hours late.
+CRON_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 60, 300, 3600, 86400)
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 runs_ended = Counter(
@@ -62,6 +64,22 @@ last_heartbeat = Gauge(
     "everystep_worker_last_heartbeat_seconds",
     "When the worker last wrote its heartbeat, as a Unix time.",
     ["runner"],
+)
+cron_slots_started = Counter(
+    "everystep_cron_slots_started",
+    "Cron slots started, by the worker whose insert won the slot (one per slot across the fleet).",
+    ["workflow", "runner"],
+)
+cron_slots_skipped = Counter(
+    "everystep_cron_slots_skipped",
+    "Missed cron slots passed over by the catch-up policy (only the latest missed slot starts).",
+    ["workflow", "runner"],
+)
+cron_start_delay = Histogram(
+    "everystep_cron_start_delay_seconds",
+    "Time from a cron slot to the insert of its run.",
+    ["workflow", "runner"],
+    buckets=CRON_BUCKETS,
 )
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
@@ -126,6 +144,13 @@ def recovered(name: str, n: int) -> None:
     runs_recovered.labels(name).inc(n)
 
 
+def cron_started(workflow: str, runner: str, late: float, skipped: int) -> None:
+    cron_slots_started.labels(workflow, runner).inc()
+    cron_start_delay.labels(workflow, runner).observe(max(0.0, late))
+    if skipped:
+        cron_slots_skipped.labels(workflow, runner).inc(skipped)
+
+
 def serve_worker_metrics(port: int, bind: str):
     return start_http_server(port, addr=bind)
 
@@ -134,8 +159,8 @@ def serve_worker_metrics(port: int, bind: str):
 
 
 def database_families():
-    """Gauges read from the database now; two cheap queries on indexes, and one
-    on the heartbeats (a row per worker)."""
+    """Gauges read from the database now: two cheap queries on indexes, one on the
+    heartbeats (a row per worker), and two per cron schedule."""
     from django.db.models import Count
 
     from ..models import Workflow
@@ -160,7 +185,7 @@ def database_families():
         "Seconds since the oldest scheduled run was created (0 when none), read at scrape time.",
         value=max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0,
     )
-    return [runs, age, *worker_families()]
+    return [runs, age, *worker_families(), cron_missed_family()]
 
 
 def worker_families():
@@ -188,6 +213,22 @@ def worker_families():
     for name, age in ages:
         silence.add_metric([name], max(0.0, age))
     return [states, silence]
+
+
+def cron_missed_family():
+    """Per cron schedule, whether its latest slot older than 30 s has no run
+    (two index lookups per schedule; no schedule, no query)."""
+    from .. import cron, registry
+
+    family = GaugeMetricFamily(
+        "everystep_cron_missed",
+        "1 when a cron schedule's latest slot (older than 30 s) has no run, read at scrape time.",
+        labels=["workflow"],
+    )
+    now = timezone.now()
+    for schedule in registry.schedules():
+        family.add_metric([schedule.workflow], 1 if cron.state(schedule, now).missed else 0)
+    return family
 
 
 class _AtScrape:

@@ -9,7 +9,8 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from everystep import database, observability
+from everystep import database, observability, registry
+from everystep.cron import CronStarter
 from everystep.models import Workflow
 from tests.core import workflows as w
 from tests.helpers import run_workflow
@@ -215,6 +216,69 @@ def test_metrics_view_speaks_openmetrics_when_asked(client):
 def test_metrics_view_refuses_writes(client):
     assert client.post("/metrics").status_code == 405
     assert client.head("/metrics").status_code == 200
+
+
+# ---------------------------------------------------------------- cron schedules
+
+
+def at(*args):
+    return dt.datetime(*args, tzinfo=dt.UTC)
+
+
+def cron_series(name, workflow, runner):
+    return value(name, workflow=workflow, runner=runner)
+
+
+def test_a_won_cron_slot_counts_its_start_delay_and_the_slots_it_skipped(cron_workflow):
+    name = cron_workflow(cron="*/5 * * * *").__everystep__.name
+    schedule = registry.schedules()[0]
+    winner, loser = runner_name(), runner_name()
+    clock = {"now": at(2026, 3, 6, 7, 58)}
+    first = CronStarter([schedule], runner=winner, now=lambda: clock["now"])
+    first.start_due()
+    clock["now"] = at(2026, 3, 6, 8, 0, 0, 250_000)
+    first.start_due()
+    assert cron_series("everystep_cron_slots_started_total", name, winner) == 1
+    assert cron_series("everystep_cron_start_delay_seconds_sum", name, winner) == pytest.approx(0.25)
+    assert cron_series("everystep_cron_slots_skipped_total", name, winner) == 0
+
+    # Back after downtime at 09:07: 09:05 starts, the 12 slots before it are skipped.
+    CronStarter([schedule], runner=winner, now=lambda: at(2026, 3, 6, 9, 7)).start_due()
+    assert cron_series("everystep_cron_slots_started_total", name, winner) == 2
+    assert cron_series("everystep_cron_slots_skipped_total", name, winner) == 12
+    assert value("everystep_cron_start_delay_seconds_bucket", workflow=name, runner=winner, le="300.0") == 2
+    assert value("everystep_cron_start_delay_seconds_bucket", workflow=name, runner=winner, le="60.0") == 1
+
+    # Another worker finding the slot started counts nothing.
+    clock["now"] = at(2026, 3, 6, 9, 4)  # a worker whose clock lags behind
+    late = CronStarter([schedule], runner=loser, now=lambda: clock["now"])
+    late.start_due()
+    clock["now"] = at(2026, 3, 6, 9, 5, 1)
+    assert late.start_due() == 0
+    assert cron_series("everystep_cron_slots_started_total", name, loser) == 0
+    assert cron_series("everystep_cron_slots_skipped_total", name, loser) == 0
+
+
+@pytest.mark.urls("tests.observability.urls")
+def test_metrics_view_says_which_schedules_missed_their_latest_slot(client, cron_workflow):
+    hourly = cron_workflow("hourly", cron="0 * * * *").__everystep__.name
+    fresh = cron_workflow("fresh", cron="0 * * * *").__everystep__.name
+    schedule = registry.get_workflow(hourly).cron
+    now = timezone.now()
+    latest = schedule.latest_at(now - dt.timedelta(seconds=30))
+    Workflow.objects.create(name=hourly, idempotency_key=schedule.key(latest - dt.timedelta(hours=1)))
+
+    def missed():
+        samples = scrape(client.get("/metrics").content.decode())
+        return {
+            dict(labels)["workflow"]: v
+            for (name, labels), v in samples.items()
+            if name == "everystep_cron_missed"
+        }
+
+    assert missed() == {hourly: 1, fresh: 0}  # fresh never ran: nothing to miss
+    Workflow.objects.create(name=hourly, idempotency_key=schedule.key(latest))
+    assert missed() == {hourly: 0, fresh: 0}
 
 
 def free_port():

@@ -266,3 +266,72 @@ def test_the_overview_queries_use_indexes_on_a_big_table():
         assert "everystep_workflow" in plan, f"{what}:\n{plan}"
     # And the figures still add up.
     assert overview.figures(now)["total"] == 20_000
+
+
+# The cron schedules
+
+
+def test_the_schedules_with_their_next_and_last_runs(cron_workflow, make_run):
+    daily = cron_workflow("daily", cron="0 9 * * *", timezone="Europe/Paris").__everystep__.name
+    often = cron_workflow("often", cron="*/10 * * * *").__everystep__.name
+    hourly = cron_workflow("hourly", cron="0 * * * *").__everystep__.name
+    fresh = cron_workflow("fresh", cron="0 0 1 1 *").__everystep__.name
+    # NOW is 2024-05-01 12:30:20 UTC: daily's latest slot is 07:00 UTC (09:00 CEST), and it ran.
+    ran = make_run(name=daily, status="completed", idempotency_key="cron:2024-05-01T07:00:00Z")
+    # often's 12:20 slot ran; its 12:30 slot has no run yet, but is only 20 s old.
+    make_run(name=often, status="failed", idempotency_key="cron:2024-05-01T12:20:00Z")
+    # hourly's 12:00 slot has no run: missed.
+    make_run(name=hourly, status="completed", idempotency_key="cron:2024-05-01T11:00:00Z")
+    make_run(name=hourly, status="completed", idempotency_key="order-7")  # not a slot's run
+
+    states = {state.schedule.workflow: state for state in overview.figures(NOW)["schedules"]}
+    assert list(states) == sorted([daily, often, hourly, fresh])
+    assert states[daily].last_run.id == ran.id and not states[daily].missed
+    assert states[daily].next_slot == dt.datetime(2024, 5, 2, 7, 0, tzinfo=dt.UTC)
+    assert states[often].last_run.idempotency_key == "cron:2024-05-01T12:20:00Z"
+    assert states[often].latest_slot == dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.UTC)
+    assert not states[often].missed
+    assert states[hourly].last_run.idempotency_key == "cron:2024-05-01T11:00:00Z"
+    assert states[hourly].missed
+    assert states[fresh].last_run is None and not states[fresh].missed  # it never ran: nothing missed
+    assert states[fresh].next_slot == dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+
+
+def schedule_row(html, name):
+    match = re.search(rf'<tr data-workflow="{re.escape(name)}">(.*?)</tr>', html, re.S)
+    assert match, html
+    return " ".join(match[1].split())
+
+
+def test_the_page_lists_the_schedules(admin_client, cron_workflow, make_run):
+    yearly = cron_workflow("yearly", cron="0 0 1 1 *").__everystep__.name
+    paris = cron_workflow("morning", cron="0 9 * * *", timezone="Europe/Paris").__everystep__.name
+    year = timezone.now().year
+    # Last year's slot ran; this year's has no run: missed.
+    last = make_run(name=yearly, status="completed", idempotency_key=f"cron:{year - 1}-01-01T00:00:00Z")
+
+    html = admin_client.get(PAGE).text
+    assert "<h2>Schedules</h2>" in html
+    row = schedule_row(html, yearly)
+    changelist = f"/admin/everystep/workflow/?name={yearly}"
+    assert f'<a href="{changelist}"><code>{yearly}</code></a>' in row
+    assert "<code>0 0 1 1 *</code> <span class=\"es-quiet\">UTC</span>" in row
+    assert f"{year + 1}-01-01 00:00:00 UTC" in row  # the next slot
+    assert f'<a href="/admin/everystep/workflow/{last.pk}/run/">{year - 1}-01-01 00:00:00 UTC</a>' in row
+    assert '<span class="es-badge es-status-completed">completed</span>' in row
+    assert f'<td class="es-latest es-alert">{year}-01-01 00:00:00 UTC missed</td>' in row
+
+    row = schedule_row(html, paris)
+    assert "<code>0 9 * * *</code> <span class=\"es-quiet\">Europe/Paris</span>" in row
+    assert re.search(r"\d{4}-\d\d-\d\d 09:00:00 CES?T", row)  # in the schedule's zone
+    assert "not run yet" in row and "missed" not in row
+
+    # The slot's run appears: started, no longer missed.
+    make_run(name=yearly, status="running", claimed_by="w1", idempotency_key=f"cron:{year}-01-01T00:00:00Z")
+    row = schedule_row(admin_client.get(PAGE, **HTMX).text, yearly)
+    assert f'<td class="es-latest">{year}-01-01 00:00:00 UTC started</td>' in row
+    assert '<span class="es-badge es-status-running">running</span>' in row
+
+
+def test_no_schedules_section_without_schedules(admin_client, db):
+    assert "Schedules" not in admin_client.get(PAGE).text

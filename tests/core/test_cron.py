@@ -1,0 +1,431 @@
+"""Cron schedules: the declaration, the slots (time zones and DST), and the
+starter a worker's loop asks, on a clock the test controls."""
+
+import datetime as dt
+import logging
+import threading
+from unittest import mock
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.db import OperationalError
+
+from everystep import cron, database, registry
+from everystep.api import workflow
+from everystep.cron import CronSchedule, CronStarter, ScheduleError
+from everystep.errors import EverystepError
+from everystep.models import Workflow
+from tests.helpers import run_once
+
+UTC = dt.UTC
+PARIS = ZoneInfo("Europe/Paris")
+
+
+def at(*args, tz=UTC):
+    return dt.datetime(*args, tzinfo=tz)
+
+
+class Clock:
+    """A ``now`` the test moves."""
+
+    def __init__(self, now: dt.datetime):
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def set(self, *args):
+        self.now = at(*args)
+
+
+@pytest.fixture
+def declare(cron_workflow):
+    return cron_workflow
+
+
+def runs_of(func):
+    return list(Workflow.objects.filter(name=func.__everystep__.name).order_by("idempotency_key"))
+
+
+def keys_of(func):
+    return [run.idempotency_key for run in runs_of(func)]
+
+
+def started_at(func, starter_now, *, runner="w1"):
+    """A starter (a worker's) that has made its first check at ``starter_now``."""
+    clock = Clock(starter_now)
+    starter = CronStarter([func.__everystep__.cron], runner=runner, now=clock)
+    starter.start_due()
+    return starter, clock
+
+
+# ---------------------------------------------------------------- declaring
+
+
+def test_a_cron_workflow_is_registered_with_its_schedule(declare):
+    report = declare(cron="*/5  * * * *", timezone="Europe/Paris")
+    spec = report.__everystep__
+    assert spec.cron == CronSchedule(spec.name, "*/5 * * * *", "Europe/Paris")  # whitespace normalised
+    assert registry.schedules() == [spec.cron]
+    assert str(spec.cron) == "*/5 * * * * (Europe/Paris)"
+    assert report(at(2026, 1, 1)) == "2026-01-01T00:00:00+00:00"  # outside a run: a plain call
+
+
+def test_a_workflow_without_options_has_no_schedule(declare):
+    assert declare().__everystep__.cron is None
+    assert registry.schedules() == []
+
+
+@pytest.mark.parametrize(
+    ("expression", "problem"),
+    [
+        ("61 * * * *", "Bad minute"),
+        ("* * * *", "Wrong number of fields"),
+        ("0 9 * * FUNDAY", "Bad day-of-week"),
+        ("@daily", "Wrong number of fields"),
+        ("", "Wrong number of fields"),
+        ("0 0 30 2 *", "Bad day-of-month"),  # 30 February
+    ],
+)
+def test_a_bad_expression_is_refused_at_declaration_naming_the_workflow_and_the_expression(
+    declare, expression, problem
+):
+    with pytest.raises(ScheduleError) as excinfo:
+        declare(name="nightly", cron=expression)
+    message = str(excinfo.value)
+    assert ".flows.nightly: cron=" in message and repr(expression) in message
+    assert problem in message
+    assert "five fields" in message  # what to write instead
+    assert registry.schedules() == []
+    assert not [name for name in registry.workflow_names() if name.endswith(".nightly")]
+
+
+def test_an_expression_that_never_matches_is_refused(declare):
+    # The 1st of February that is also its fifth Monday (a star in a day field: both must match).
+    with pytest.raises(ScheduleError, match="matches no time in the next 50 years"):
+        declare(cron="0 0 */30 2 MON#5")
+
+
+def test_other_bad_declarations_are_refused(declare):
+    with pytest.raises(ScheduleError, match=r"unknown time zone 'Mars/Olympus'.*IANA"):
+        declare(cron="0 9 * * *", timezone="Mars/Olympus")
+    with pytest.raises(ScheduleError, match="must be a string"):
+        declare(cron=5)
+    with pytest.raises(EverystepError, match="timezone='Europe/Paris' is the zone of a cron schedule"):
+        declare(timezone="Europe/Paris")
+
+
+def test_a_cron_workflow_must_take_the_slot_as_its_one_argument(scratch_modules):
+    def two(slot, other):
+        pass
+
+    def none():
+        pass
+
+    for func in (two, none):
+        func.__module__ = f"{scratch_modules.prefix}.flows"
+        with pytest.raises(ScheduleError, match=r"called with one argument, the slot's time"):
+            workflow(cron="0 9 * * *")(func)
+
+    def with_default(slot, other=1):
+        pass
+
+    with_default.__module__ = f"{scratch_modules.prefix}.flows"
+    workflow(cron="0 9 * * *")(with_default)  # takes it
+
+
+# ---------------------------------------------------------------- slots
+
+
+def test_slots_in_utc_by_default():
+    schedule = CronSchedule("a.b", "*/15 9-10 * * MON-FRI")
+    assert schedule.next_after(at(2026, 3, 6, 9, 15)) == at(2026, 3, 6, 9, 30)  # strictly after
+    assert schedule.next_after(at(2026, 3, 6, 10, 50)) == at(2026, 3, 9, 9, 0)  # Friday -> Monday
+    assert schedule.latest_at(at(2026, 3, 6, 9, 15)) == at(2026, 3, 6, 9, 15)  # at or before
+    assert schedule.latest_at(at(2026, 3, 6, 9, 14, 59, 999999)) == at(2026, 3, 6, 9, 0)
+    assert schedule.latest_at(at(2026, 3, 9, 8, 0)) == at(2026, 3, 6, 10, 45)
+    assert schedule.key(at(2026, 3, 6, 9, 15)) == "cron:2026-03-06T09:15:00Z"
+    assert cron.slot_of("cron:2026-03-06T09:15:00Z") == at(2026, 3, 6, 9, 15)
+    assert cron.slot_of("order-42") is None and cron.slot_of("cron:garbage") is None
+    assert schedule.slots_between(at(2026, 3, 6, 9, 0), at(2026, 3, 6, 10, 0)) == 3  # 9:15, 9:30, 9:45
+
+
+def test_a_sixth_field_counts_seconds():
+    schedule = CronSchedule("a.b", "*/20 * * * * *")
+    assert schedule.next_after(at(2026, 1, 1, 0, 0, 5)) == at(2026, 1, 1, 0, 0, 20)
+
+
+def test_slots_in_a_zone_and_its_argument():
+    schedule = CronSchedule("a.b", "0 9 * * *", "Europe/Paris")
+    slot = schedule.next_after(at(2026, 1, 10, 12, 0))
+    assert slot == at(2026, 1, 11, 8, 0)  # 09:00 CET
+    assert schedule.next_after(at(2026, 7, 10, 12, 0)) == at(2026, 7, 11, 7, 0)  # 09:00 CEST
+    argument = schedule.argument(slot)
+    assert (argument.hour, argument.utcoffset()) == (9, dt.timedelta(hours=1))
+
+
+def slots(schedule, start, end):
+    found, moment = [], start
+    while (moment := schedule.next_after(moment)) < end:
+        found.append(moment.astimezone(PARIS).strftime("%H:%M%Z"))
+    return found
+
+
+def test_dst_a_fixed_time_in_the_skipped_hour_runs_right_after_the_jump():
+    # 2026-03-29 in Paris: 02:00 CET jumps to 03:00 CEST.
+    schedule = CronSchedule("a.b", "30 2 * * *", "Europe/Paris")
+    assert slots(schedule, at(2026, 3, 27, 12), at(2026, 3, 31)) == ["02:30CET", "03:00CEST", "02:30CEST"]
+
+
+def test_dst_a_fixed_time_in_the_repeated_hour_runs_once():
+    # 2026-10-25 in Paris: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice,
+    # the slot once, in the first pass (CEST).
+    schedule = CronSchedule("a.b", "30 2 * * *", "Europe/Paris")
+    assert slots(schedule, at(2026, 10, 23, 12), at(2026, 10, 27)) == ["02:30CEST", "02:30CEST", "02:30CET"]
+
+
+def test_dst_frequent_slots_follow_real_time():
+    schedule = CronSchedule("a.b", "*/30 * * * *", "Europe/Paris")
+    spring = slots(schedule, at(2026, 3, 29, 0, 0), at(2026, 3, 29, 2, 0))  # 01:00-04:00 local
+    assert spring == ["01:30CET", "03:00CEST", "03:30CEST"]  # the skipped hour has no slot
+    autumn = slots(schedule, at(2026, 10, 24, 23, 0), at(2026, 10, 25, 2, 0))  # 01:00-03:00 CET
+    assert autumn == ["01:30CEST", "02:00CEST", "02:30CEST", "02:00CET", "02:30CET"]  # both passes
+
+
+@pytest.mark.parametrize("expression", ["30 2 * * *", "*/30 * * * *", "0 1-3 * * *"])
+def test_latest_and_next_agree_across_dst_changes(expression):
+    schedule = CronSchedule("a.b", expression, "Europe/Paris")
+    for start in (at(2026, 3, 28, 20), at(2026, 10, 24, 20)):
+        previous = schedule.latest_at(start)
+        moment = start
+        for _ in range(12):
+            slot = schedule.next_after(moment)
+            assert schedule.latest_at(slot) == slot
+            assert schedule.latest_at(slot - dt.timedelta(seconds=1)) == previous
+            previous, moment = slot, slot
+
+
+# ---------------------------------------------------------------- starting slots
+
+
+@pytest.mark.django_db
+def test_a_new_schedule_starts_at_its_next_slot_not_one_before_it(declare):
+    report = declare(cron="*/5 * * * *")
+    starter, clock = started_at(report, at(2026, 3, 6, 9, 7, 30))
+    assert runs_of(report) == []  # 09:05 came before this schedule ever ran
+    assert starter.timeout(poll=600) == 150  # asleep until 09:10, not a poll interval
+    assert starter.timeout(poll=0.2) == 0.2
+
+    clock.set(2026, 3, 6, 9, 9, 59)
+    assert starter.start_due() == 0
+    clock.set(2026, 3, 6, 9, 10, 0, 3000)
+    assert starter.start_due() == 1
+    (run,) = runs_of(report)
+    assert (run.idempotency_key, run.status) == ("cron:2026-03-06T09:10:00Z", "scheduled")
+    assert run.args == [at(2026, 3, 6, 9, 10)]
+    assert run_once(run).result == "2026-03-06T09:10:00+00:00"  # the workflow got its slot
+    assert starter.timeout(poll=600) == pytest.approx(299.997)
+
+
+@pytest.mark.django_db
+def test_the_slot_argument_is_in_the_schedules_zone(declare):
+    report = declare(cron="0 9 * * *", timezone="Europe/Paris")
+    starter, clock = started_at(report, at(2026, 1, 10, 7, 0))
+    clock.set(2026, 1, 10, 8, 0, 1)
+    assert starter.start_due() == 1
+    (run,) = runs_of(report)
+    assert run.idempotency_key == "cron:2026-01-10T08:00:00Z"
+    assert run_once(run).result == "2026-01-10T09:00:00+01:00"
+
+
+@pytest.mark.django_db
+def test_a_slot_already_started_by_another_worker_is_not_started_again(declare):
+    report = declare(cron="*/5 * * * *")
+    first, first_clock = started_at(report, at(2026, 3, 6, 9, 7), runner="w1")
+    second, second_clock = started_at(report, at(2026, 3, 6, 9, 8), runner="w2")
+    first_clock.set(2026, 3, 6, 9, 10, 0)
+    second_clock.set(2026, 3, 6, 9, 10, 1)
+    assert first.start_due() == 1
+    assert second.start_due() == 0
+    assert keys_of(report) == ["cron:2026-03-06T09:10:00Z"]
+
+
+@pytest.mark.django_db
+def test_after_downtime_only_the_latest_missed_slot_starts(declare, caplog):
+    report = declare(cron="*/5 * * * *")
+    before, clock = started_at(report, at(2026, 3, 6, 7, 58))
+    clock.set(2026, 3, 6, 8, 0, 0)
+    assert before.start_due() == 1  # the 08:00 slot ran; then every worker went away
+
+    # A worker starts at 09:07: 08:05 ... 09:05 (13 slots) had no worker.
+    with caplog.at_level(logging.INFO, logger="everystep"):
+        after, clock = started_at(report, at(2026, 3, 6, 9, 7, 0), runner="back")
+    assert keys_of(report) == ["cron:2026-03-06T08:00:00Z", "cron:2026-03-06T09:05:00Z"]
+    assert "slot 2026-03-06T09:05:00Z started as run" in caplog.text
+    assert "120.0s late; 12 missed slots before it skipped" in caplog.text
+
+    # And on from there, slot by slot.
+    assert after.start_due() == 0
+    clock.set(2026, 3, 6, 9, 10, 0)
+    assert after.start_due() == 1
+    assert keys_of(report)[-1] == "cron:2026-03-06T09:10:00Z"
+
+
+@pytest.mark.django_db
+def test_a_restart_within_a_slot_already_started_starts_nothing(declare):
+    report = declare(cron="*/5 * * * *")
+    before, clock = started_at(report, at(2026, 3, 6, 9, 4))
+    clock.set(2026, 3, 6, 9, 5, 0)
+    assert before.start_due() == 1
+    started_at(report, at(2026, 3, 6, 9, 7))  # the worker restarts: 09:05 has its run
+    assert keys_of(report) == ["cron:2026-03-06T09:05:00Z"]
+
+
+@pytest.mark.django_db
+def test_a_loop_held_up_past_several_slots_starts_the_latest_only(declare):
+    report = declare(cron="*/5 * * * *")
+    starter, clock = started_at(report, at(2026, 3, 6, 9, 7))
+    clock.set(2026, 3, 6, 9, 27, 0)  # 09:10, 09:15, 09:20 passed while the loop was busy
+    assert starter.start_due() == 1
+    assert keys_of(report) == ["cron:2026-03-06T09:25:00Z"]
+
+
+@pytest.mark.django_db
+def test_slots_overlap_a_slot_starts_while_the_previous_one_still_runs(declare):
+    report = declare(cron="*/5 * * * *")
+    starter, clock = started_at(report, at(2026, 3, 6, 9, 7))
+    clock.set(2026, 3, 6, 9, 10, 0)
+    starter.start_due()
+    Workflow.objects.filter(name=report.__everystep__.name).update(status="running", claimed_by="w9")
+    clock.set(2026, 3, 6, 9, 15, 0)
+    assert starter.start_due() == 1
+    statuses = dict(
+        Workflow.objects.filter(name=report.__everystep__.name).values_list("idempotency_key", "status")
+    )
+    assert statuses == {"cron:2026-03-06T09:10:00Z": "running", "cron:2026-03-06T09:15:00Z": "scheduled"}
+
+
+@pytest.mark.django_db
+def test_several_schedules_wake_the_loop_for_the_soonest(declare):
+    hourly = declare(name="hourly", cron="0 * * * *")
+    often = declare(name="often", cron="*/10 * * * *")
+    clock = Clock(at(2026, 3, 6, 9, 1))
+    starter = CronStarter(registry.schedules(), runner="w1", now=clock)
+    assert starter.timeout(poll=3600) == 0  # the first check is due at once
+    starter.start_due()
+    assert starter.timeout(poll=3600) == 9 * 60
+    clock.set(2026, 3, 6, 10, 0, 0)
+    assert starter.start_due() == 2
+    assert keys_of(hourly) == ["cron:2026-03-06T10:00:00Z"]
+    assert keys_of(often) == ["cron:2026-03-06T10:00:00Z"]
+
+
+@pytest.mark.django_db(transaction=True)  # the starter drops the broken connection
+def test_a_database_error_is_logged_and_retried_with_back_off(declare, caplog):
+    report = declare(cron="*/5 * * * *")
+    clock = Clock(at(2026, 3, 6, 9, 7))
+    starter = CronStarter([report.__everystep__.cron], runner="w1", now=clock)
+    with (
+        mock.patch.object(cron, "last_run", side_effect=OperationalError("server closed the connection")),
+        caplog.at_level(logging.WARNING, logger="everystep"),
+    ):
+        assert starter.start_due() == 0  # no exception reaches the loop
+        assert starter.timeout(poll=60) == pytest.approx(0.2)  # back off, not spin
+        assert starter.start_due() == 0  # not before the back-off
+    assert "cannot start cron slots (server closed the connection); retrying in 0.2s" in caplog.text
+    clock.set(2026, 3, 6, 9, 7, 1)
+    starter.start_due()  # the first check done now
+    assert starter.timeout(poll=600) == 179
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_racing_for_one_slot_start_it_once(declare):
+    """Every racer reaches the slot's insert at once (a barrier); the unique key
+    lets one insert win and each of the others find the winner's run."""
+    report = declare(cron="*/5 * * * *")
+    racers = 6
+    clocks = [Clock(at(2026, 3, 6, 9, 7)) for _ in range(racers)]
+    starters = [
+        CronStarter([report.__everystep__.cron], runner=f"w{i}", now=clocks[i]) for i in range(racers)
+    ]
+    for starter in starters:
+        starter.start_due()
+    # SQLite's BEGIN IMMEDIATE serializes them anyway: no barrier there.
+    barrier = threading.Barrier(racers if database.connection().vendor != "sqlite" else 1, timeout=30)
+    inserted, errors = [], []
+
+    def race(i):
+        try:
+            clocks[i].set(2026, 3, 6, 9, 10, 0)
+            barrier.wait()
+            inserted.append(starters[i].start_due())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            database.connection().close()
+
+    with mock.patch.object(cron.logger, "warning", side_effect=AssertionError):  # no swallowed error
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert sorted(inserted) == [0] * (racers - 1) + [1]  # one winner, and it knows it
+    assert keys_of(report) == ["cron:2026-03-06T09:10:00Z"]
+    assert all(starter.timeout(poll=600) > 0 for starter in starters)  # all moved on to 09:15
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_restarting_after_downtime_race_for_the_catch_up_slot_once(declare):
+    report = declare(cron="*/5 * * * *")
+    before, clock = started_at(report, at(2026, 3, 6, 7, 58))
+    clock.set(2026, 3, 6, 8, 0, 0)
+    before.start_due()
+    racers = 6
+    barrier = threading.Barrier(racers if database.connection().vendor != "sqlite" else 1, timeout=30)
+    inserted, errors = [], []
+
+    def restart(i):
+        try:
+            starter = CronStarter(
+                [report.__everystep__.cron], runner=f"w{i}", now=lambda: at(2026, 3, 6, 9, 7)
+            )
+            barrier.wait()
+            inserted.append(starter.start_due())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            database.connection().close()
+
+    with mock.patch.object(cron.logger, "warning", side_effect=AssertionError):
+        threads = [threading.Thread(target=restart, args=(i,)) for i in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert sorted(inserted) == [0] * (racers - 1) + [1]
+    assert keys_of(report) == ["cron:2026-03-06T08:00:00Z", "cron:2026-03-06T09:05:00Z"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_run_query_uses_an_index_on_a_big_table():
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the plan checked is PostgreSQL's")
+    start = at(2026, 1, 1)
+
+    def key(minutes):
+        return CronSchedule("a.b", "* * * * *").key(start + dt.timedelta(minutes=minutes))
+
+    rows = [Workflow(name=f"shop.flows.f{i % 5}", idempotency_key=key(i)) for i in range(20_000)]
+    rows += [Workflow(name="shop.flows.f0", idempotency_key=f"order-{i}") for i in range(5_000)]
+    rows += [Workflow(name="shop.flows.rare", idempotency_key=key(i * 1440)) for i in range(5)]
+    Workflow.objects.bulk_create(rows, batch_size=2_000)
+    with database.connection().cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE everystep_workflow")
+    for name, last in (("shop.flows.f0", key(19_995)), ("shop.flows.rare", key(4 * 1440))):
+        query = Workflow.objects.filter(name=name, idempotency_key__startswith=cron.KEY_PREFIX)
+        plan = query.order_by("-idempotency_key")[:1].explain()
+        assert "Index Scan Backward" in plan and "Sort" not in plan, plan
+        assert cron.last_run(name).idempotency_key == last
