@@ -253,13 +253,13 @@ def make_scheduled(how: str, log: str) -> Workflow:
 
 @pytest.mark.parametrize("how", ["schedule", "retry", "requeue", "resolve"])
 def test_a_notify_wakes_an_idle_worker(tmp_path, start_worker, monkeypatch, how):
-    """The worker polls every 10 minutes here: it runs the new run because the
-    transition's NOTIFY woke it."""
+    """The worker polls, beats and looks for stale workers every 10 minutes
+    here: it runs the new run because the transition's NOTIFY woke it."""
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; other backends poll")
     log = str(tmp_path / "log")
     claim_calls = count_calls(monkeypatch, claims, "claim_runs")
-    start_worker(name="w1", poll=600)
+    start_worker(name="w1", poll=600, heartbeat_interval=600, recover_stale_after=1800)
     # Two empty claims: one at start, and one when the listener, once LISTENing,
     # wakes the loop (for anything scheduled before). Then the loop sleeps.
     wait_for(lambda: claim_calls() >= 2, what="the worker to listen and go idle")
