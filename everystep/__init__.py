@@ -15,6 +15,7 @@ __all__ = [
     "step",
     "parallel",
     "schedule",
+    "start_child",
     "Terminal",
     "EverystepError",
 ]
@@ -24,6 +25,7 @@ _LAZY = {
     "step": "everystep.api",
     "parallel": "everystep.api",
     "schedule": "everystep.api",
+    "start_child": "everystep.api",
     "Terminal": "everystep.api",
     "EverystepError": "everystep.errors",
 }

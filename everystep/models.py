@@ -1,5 +1,5 @@
 """The tables: one row per run, one row per executed step, one row per worker
-(its heartbeat)."""
+(its heartbeat), and the links of forks and child runs."""
 
 import datetime as dt
 
@@ -180,6 +180,38 @@ class RunFork(models.Model):
 
     def __str__(self):
         return f"{self.run_id} forked from {self.origin_id} at step {self.origin_step_id}"
+
+
+class ChildRun(models.Model):
+    """Which run started a run: one row per run made by ``start_child``
+    (:mod:`everystep.children`), keyed by that child run.
+
+    ``parent`` is the run whose body called ``start_child``, ``step_id`` the
+    dotpath of that call in the parent (unique per parent: one child per
+    call). Deleting either run (e.g. pruning it) deletes the link, never the
+    other run. An additive table: the two tables above keep their columns.
+    """
+
+    child = models.OneToOneField(
+        Workflow, primary_key=True, on_delete=models.CASCADE, related_name="parent_link"
+    )
+    # No index of its own: the unique (parent, step_id) index serves a parent's lookups.
+    parent = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="child_links", db_index=False
+    )
+    step_id = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_child"
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "step_id"], name="everystep_child_parent_step_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.child_id} started by {self.parent_id} at step {self.step_id}"
 
 
 class HeartbeatQuerySet(models.QuerySet):

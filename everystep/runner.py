@@ -22,7 +22,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from django.db import connections as db_connections
 
-from . import database, observability, registry, serde, statements
+from . import children, database, observability, registry, serde, statements
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -370,6 +370,39 @@ def _guarded_db(state: RunState, func, *args):
     except DatabaseError as exc:
         state.engine_error = exc
         state.halt_with(exc)
+
+
+# ---------------------------------------------------------------- child runs
+
+
+def start_child(spec: registry.Spec, args: tuple, everystep_id: str | None) -> children.ChildHandle:
+    """Start a child run, recorded like a step: its row (``done``, the child's
+    run id) is served on replay. The child is inserted and linked in one
+    fenced transaction under a key derived from this call, then the fault hook
+    runs, then the row is written: a crash in between finds the same child."""
+    ctx = current()
+    children.check_inside_body(ctx, spec.name)
+    state = ctx.state
+    state.check()
+    step_id = ctx.next_id(everystep_id)
+    recorded = state.store.get(step_id)
+    if recorded is not None:
+        _check_same_function(state, step_id, spec, recorded)
+        return children.ChildHandle(_serve_recorded(state, recorded), spec.name)
+    row = _StepRow(state, step_id, spec, args, {}, started=False)
+    child_id = _guarded_db(
+        state, children.insert_child, state.workflow_id, state.claimer, step_id, spec.name, list(args)
+    )
+    if child_id is None:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; its child at step {step_id} was not started"
+            )
+        )
+    _fault(ctx, step_id)
+    _record(row, StepStatus.DONE, result=child_id, stored_result=serde.encode(child_id))
+    return children.ChildHandle(child_id, spec.name)
 
 
 # ---------------------------------------------------------------- parallel

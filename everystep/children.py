@@ -1,0 +1,117 @@
+"""Child runs: a workflow starting another workflow as a run of its own.
+
+``start_child(child_workflow, *args)`` inside a workflow body is recorded like
+a step: its row (named after the child workflow, ``done`` with the child's run
+id) is what replay serves, so a replay never starts a second child. The child
+is inserted with an idempotency key derived from the parent's run id and the
+call's step id, and linked to its parent (``everystep_child``) in the same
+transaction, fenced on the parent still running under this worker.
+
+Invariants (what a crash at any line leaves behind):
+- before the child's transaction commits: no child, no link; the next pass
+  inserts them;
+- after it commits, before the parent's step row is written: the child and
+  its link exist; the next pass computes the same key and finds that child
+  (``schedule``'s idempotency), then records the step. No second child;
+- after the step row: replay serves the child's id from the store.
+"""
+
+import hashlib
+import uuid
+
+from . import database
+from .errors import EverystepError
+
+# Every child's idempotency key starts with this: the runner tells a child
+# run by it without a query (its end wakes a parent waiting for it).
+KEY_PREFIX = "everystep.child:"
+_MAX_KEY = 255
+
+
+def child_key(parent_id, step_id: str) -> str:
+    """The idempotency key of the child started by ``parent_id`` at ``step_id``:
+    the same on every pass, different for every (parent, call)."""
+    key = f"{KEY_PREFIX}{parent_id}:{step_id}"
+    if len(key) <= _MAX_KEY:
+        return key
+    # A step id may be 300 characters long; its digest keeps the key unique and bounded.
+    digest = hashlib.sha256(step_id.encode()).hexdigest()
+    return f"{KEY_PREFIX}{parent_id}:sha256:{digest}"
+
+
+def is_child_key(idempotency_key: str | None) -> bool:
+    return bool(idempotency_key) and idempotency_key.startswith(KEY_PREFIX)
+
+
+def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -> uuid.UUID | None:
+    """Insert (or find, on a later pass) the child run and its link, in one
+    transaction fenced on the parent: returns the child's run id, or ``None``
+    when the parent is no longer ``running`` under ``claimer`` (nothing
+    written)."""
+    from .models import ChildRun, Workflow
+    from .scheduling import insert_run
+
+    with database.atomic():
+        # Locking the parent's row makes an operator's stop or requeue wait
+        # for this transaction, or this one see it and write nothing.
+        owned = Workflow.objects.select_for_update().filter(
+            id=parent_id, status=Workflow.Status.RUNNING, claimed_by=claimer
+        )
+        if not list(owned.values_list("id", flat=True)):
+            return None
+        child = insert_run(Workflow, name, args, child_key(parent_id, step_id))
+        if not ChildRun.objects.filter(child_id=child.id).exists():
+            ChildRun.objects.create(child_id=child.id, parent_id=parent_id, step_id=step_id)
+    return child.id
+
+
+def parent_of(run_id):
+    """The link of ``run_id`` to the run that started it, or ``None``."""
+    from .models import ChildRun
+
+    return ChildRun.objects.filter(child_id=run_id).first()
+
+
+def unfinished_descendants(run_id) -> list:
+    """The runs started by ``run_id``, their own children and so on, that have
+    an operator can stop (breadth first; a child that ended may have
+    children of its own still running): what stopping ``run_id`` may stop with it."""
+    from .models import ChildRun, Workflow
+    from .operations import STOPPABLE
+
+    found, level, seen = [], [run_id], {run_id}
+    while level:
+        children = list(ChildRun.objects.filter(parent_id__in=level).values_list("child_id", flat=True))
+        children = [child for child in children if child not in seen]
+        seen.update(children)
+        found += list(
+            Workflow.objects.filter(id__in=children, status__in=STOPPABLE)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        level = children
+    return found
+
+
+class ChildHandle:
+    """What ``start_child`` returns: ``id`` is the child's run id."""
+
+    def __init__(self, child_id, name: str):
+        self.id = child_id
+        self.name = name
+
+    def __repr__(self):
+        return f"<ChildHandle {self.name} {self.id}>"
+
+
+def check_inside_body(ctx, name: str) -> None:
+    if ctx is None:
+        raise EverystepError(
+            f"start_child({name}) was called outside a workflow run; outside a run, "
+            "use schedule() to start a run"
+        )
+    if ctx.running_step is not None:
+        raise EverystepError(
+            f"start_child({name}) was called inside step {ctx.running_step} of run "
+            f"{ctx.workflow_id}; call it from the workflow's body, where it is recorded like a step"
+        )

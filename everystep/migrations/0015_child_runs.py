@@ -1,0 +1,49 @@
+import django.db.models.deletion
+import django.utils.timezone
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    """The table that links a child run to the run that started it
+    (additive: everystep_workflow and everystep_step keep their columns)."""
+
+    dependencies = [
+        ("everystep", "0012_heartbeat"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="ChildRun",
+            fields=[
+                (
+                    "child",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="parent_link",
+                        serialize=False,
+                        to="everystep.workflow",
+                    ),
+                ),
+                ("step_id", models.CharField(max_length=300)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="child_links",
+                        to="everystep.workflow",
+                    ),
+                ),
+            ],
+            options={
+                "db_table": "everystep_child",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("parent", "step_id"), name="everystep_child_parent_step_uniq"
+                    )
+                ],
+            },
+        ),
+    ]
