@@ -72,10 +72,11 @@ def parent_of(run_id):
     return ChildRun.objects.filter(child_id=run_id).first()
 
 
-def unfinished_descendants(run_id) -> list:
-    """The runs started by ``run_id``, their own children and so on, that have
-    an operator can stop (breadth first; a child that ended may have
-    children of its own still running): what stopping ``run_id`` may stop with it."""
+def unfinished_descendants(run_id) -> list[tuple]:
+    """``(run id, status)`` of the runs started by ``run_id``, their own
+    children and so on, that an operator can stop (breadth first; a child
+    that ended may have children of its own still running): what stopping
+    ``run_id`` may stop with it."""
     from .models import ChildRun, Workflow
     from .operations import STOPPABLE
 
@@ -87,7 +88,7 @@ def unfinished_descendants(run_id) -> list:
         found += list(
             Workflow.objects.filter(id__in=children, status__in=STOPPABLE)
             .order_by("id")
-            .values_list("id", flat=True)
+            .values_list("id", "status")
         )
         level = children
     return found
@@ -115,3 +116,26 @@ def check_inside_body(ctx, name: str) -> None:
             f"start_child({name}) was called inside step {ctx.running_step} of run "
             f"{ctx.workflow_id}; call it from the workflow's body, where it is recorded like a step"
         )
+
+
+def stop_descendants(run_id, *, actor: str | None = None) -> list[tuple]:
+    """Stop what :func:`unfinished_descendants` finds, each through the guarded
+    ``operations.stop_run`` conditional on the status read, so that its
+    history says truly what it was stopped from. One that moved on meanwhile
+    (a worker claimed it) is read again and stopped from its new status; one
+    that ended is left alone. Returns ``(run id, status before)`` of each run
+    stopped."""
+    from .models import Workflow
+    from .operations import STOPPABLE, stop_run
+
+    stopped = []
+    for child_id, status in unfinished_descendants(run_id):
+        while status in STOPPABLE:
+            try:
+                stop_run(child_id, actor=actor, expected_status=status)
+            except EverystepError:  # it moved on since it was read
+                status = Workflow.objects.filter(id=child_id).values_list("status", flat=True).first()
+                continue
+            stopped.append((child_id, status))
+            break
+    return stopped

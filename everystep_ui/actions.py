@@ -21,12 +21,12 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django_htmx.http import HttpResponseClientRedirect
 
-from everystep import history, operations
+from everystep import children, history, operations
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
 from . import display, views
-from .forms import RequeueForm, ResolveForm, RunActionForm, StepCutForm
+from .forms import RequeueForm, ResolveForm, RunActionForm, StepCutForm, StopForm
 
 Status = Workflow.Status
 BULK_REFUSALS_SHOWN = 5
@@ -41,8 +41,24 @@ def _retry(request, run, seen, form) -> str:
 
 
 def _stop(request, run, seen, form) -> str:
-    operations.stop_run(run.pk, actor=request.user.get_username(), expected_status=seen)
-    return f"Stopped: {seen} -> {Status.STOPPED}."
+    actor = request.user.get_username()
+    operations.stop_run(run.pk, actor=actor, expected_status=seen)
+    change = f"Stopped: {seen} -> {Status.STOPPED}."
+    if form is None or not form.cleaned_data.get("stop_children"):
+        return change
+    form.stopped_children = children.stop_descendants(run.pk, actor=actor)
+    count = len(form.stopped_children)
+    return f"{change[:-1]}; also stopped {count} child run{'s' if count != 1 else ''}."
+
+
+def _after_stop(request, model_admin, run, form) -> str:
+    """Each child run stopped with its parent says so in its own history."""
+    for child_id, before in getattr(form, "stopped_children", ()):
+        child = Workflow.objects.get(pk=child_id)
+        model_admin.log_change(
+            request, child, f"Stopped with run {run.pk}: {before} -> {Status.STOPPED}."
+        )
+    return model_admin.page_url(request, "run", run.pk)
 
 
 def _requeue(request, run, seen, form) -> str:
@@ -131,7 +147,7 @@ ACTIONS = {
     action.name: action
     for action in [
         RunAction("retry", "Retry", "retried", operations.RETRYABLE, _retry),
-        RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop),
+        RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop, StopForm, after=_after_stop),
         RunAction("resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm),
         RunAction("requeue", "Requeue", "requeued", operations.REQUEUEABLE, _requeue, RequeueForm),
         RunAction(

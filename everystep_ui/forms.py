@@ -2,7 +2,7 @@
 
 from django import forms
 
-from everystep import serde
+from everystep import children, serde
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
@@ -24,6 +24,25 @@ class RunActionForm(forms.Form):
         """How the run differs from what the operator saw (empty if it does not)."""
         seen = self.data.get("seen_status")
         return f"it is {self.run.status} now, not {seen}" if seen and seen != self.run.status else ""
+
+
+class StopForm(RunActionForm):
+    """Stop offers to stop the run's unfinished child runs too (and theirs),
+    when it has any: each is stopped only if it is still as it was read."""
+
+    stop_children = forms.BooleanField(required=False)
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, run=run)
+        self.descendants = children.unfinished_descendants(run.pk)
+        count = len(self.descendants)
+        if count:
+            self.fields["stop_children"].label = (
+                f"Also stop its {count} unfinished child run{'s' if count > 1 else ''} "
+                "(started with start_child, and their own children)"
+            )
+        else:
+            del self.fields["stop_children"]
 
 
 class RequeueForm(RunActionForm):

@@ -22,7 +22,7 @@ from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
 from everystep import heartbeats
-from everystep.models import Heartbeat, RunFork, Step, Workflow
+from everystep.models import ChildRun, Heartbeat, RunFork, Step, Workflow
 
 from . import display, tree
 from .payloads import JSONHead, Preview, json_download
@@ -30,6 +30,7 @@ from .payloads import JSONHead, Preview, json_download
 RUN_PAYLOADS = ("args", "result", "error")
 STEP_PAYLOADS = ("args", "kwargs", "result", "error")
 FORKS_SHOWN = 20  # a run page lists this many of the run's forks, oldest first
+CHILDREN_SHOWN = 50  # and this many of its child runs
 # What a run's completed_at is on its page. A blocked run has not ended: it waits
 # for an operator since then, and is scheduled again once resolved.
 END_LABELS = {"failed": "Failed at", "stopped": "Stopped at", "blocked": "Blocked since"}
@@ -66,8 +67,9 @@ def run_detail(request, run_id, *, model_admin):
 
 
 def lineage(request, model_admin, run: Workflow) -> dict:
-    """The run this one was forked from, and the runs forked from it (shown
-    outside the polled block: they do not change while the run runs)."""
+    """The run this one was forked from, the runs forked from it, its parent
+    and its children (shown outside the polled block: the links do not change
+    while the run runs; a child's status is as of the page's load)."""
     origin = RunFork.objects.filter(run_id=run.pk).values("origin_id", "origin_step_id").first()
     if origin is not None:
         origin_id = origin["origin_id"]
@@ -99,7 +101,43 @@ def lineage(request, model_admin, run: Workflow) -> dict:
             for fork_id, step_id, status in forks
         ],
         "more_forks": more,
+        **family(request, model_admin, run),
     }
+
+
+def family(request, model_admin, run: Workflow) -> dict:
+    """The run that started this one with ``start_child``, and the child runs
+    this one started, with their statuses (oldest first)."""
+    link = ChildRun.objects.filter(child_id=run.pk).values("parent_id", "step_id", "parent__status").first()
+    parent = None
+    if link is not None:
+        parent = {
+            **_run_link(request, model_admin, link["parent_id"]),
+            "step_id": link["step_id"],
+            "status": link["parent__status"],
+        }
+    rows = list(
+        ChildRun.objects.filter(parent_id=run.pk)
+        .order_by("created_at", "child_id")
+        .values_list("child_id", "step_id", "child__name", "child__status")[: CHILDREN_SHOWN + 1]
+    )
+    more = 0
+    if len(rows) > CHILDREN_SHOWN:
+        more = ChildRun.objects.filter(parent_id=run.pk).count() - CHILDREN_SHOWN
+        rows = rows[:CHILDREN_SHOWN]
+    return {
+        "parent": parent,
+        "children": [
+            {**_run_link(request, model_admin, child_id), "step_id": step_id, "name": name, "status": status}
+            for child_id, step_id, name, status in rows
+        ],
+        "more_children": more,
+    }
+
+
+def _run_link(request, model_admin, run_id) -> dict:
+    url = model_admin.page_url(request, "run", run_id)
+    return {"id": run_id, "short_id": display.short_id(run_id), "url": url}
 
 
 def step_detail(request, run_id, step_pk, *, model_admin):

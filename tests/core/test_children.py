@@ -207,7 +207,7 @@ def test_unfinished_descendants_reach_grandchildren_through_ended_children():
     [middle] = children_of(top)
     middle = run_once(middle)  # completes, leaving its own child scheduled
     [grandchild] = children_of(middle)
-    assert children.unfinished_descendants(top.id) == [grandchild.id]
+    assert children.unfinished_descendants(top.id) == [(grandchild.id, "scheduled")]
     assert children.unfinished_descendants(grandchild.id) == []
 
 
