@@ -17,6 +17,11 @@ __all__ = [
     "schedule",
     "Terminal",
     "EverystepError",
+    "sleep",
+    "sleep_until",
+    "wait_for_event",
+    "send_event",
+    "WaitTimeout",
 ]
 
 _LAZY = {
@@ -26,6 +31,11 @@ _LAZY = {
     "schedule": "everystep.api",
     "Terminal": "everystep.api",
     "EverystepError": "everystep.errors",
+    "sleep": "everystep.waits",
+    "sleep_until": "everystep.waits",
+    "wait_for_event": "everystep.waits",
+    "send_event": "everystep.waits",
+    "WaitTimeout": "everystep.errors",
 }
 
 
