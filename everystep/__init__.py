@@ -18,6 +18,11 @@ __all__ = [
     "start_child",
     "Terminal",
     "EverystepError",
+    "sleep",
+    "sleep_until",
+    "wait_for_event",
+    "send_event",
+    "WaitTimeout",
 ]
 
 _LAZY = {
@@ -28,6 +33,11 @@ _LAZY = {
     "start_child": "everystep.api",
     "Terminal": "everystep.api",
     "EverystepError": "everystep.errors",
+    "sleep": "everystep.waits",
+    "sleep_until": "everystep.waits",
+    "wait_for_event": "everystep.waits",
+    "send_event": "everystep.waits",
+    "WaitTimeout": "everystep.errors",
 }
 
 

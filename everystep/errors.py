@@ -60,3 +60,19 @@ class Terminal(EverystepError):
 
     def __str__(self):
         return str(self.reason)
+
+
+class WaitTimeout(EverystepError):
+    """Raised at :func:`~everystep.wait_for_event` when its timeout passed
+    before the event was sent (or an operator woke the run with
+    ``wake_now``). Recorded as the wait step's outcome, so replay raises it
+    again; the body may catch it and go on."""
+
+
+class Suspended(EverystepError):
+    """Internal: the run stops at a wait (``waiting``) and leaves its worker.
+    ``waiting`` is the :class:`everystep.waits.Waiting` it stops at."""
+
+    def __init__(self, waiting):
+        super().__init__(f"run waits at step {waiting.step_id} ({waiting.kind})")
+        self.waiting = waiting

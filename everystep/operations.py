@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from . import database, registry, statements
 from .errors import EverystepError, StepFailure, Terminal
-from .models import Heartbeat, Step, Workflow
+from .models import Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
 
@@ -103,7 +103,7 @@ def resolve_step(
 
 # ---------------------------------------------------------------- operator transitions
 
-STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED)
+STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED, Status.WAITING)
 RETRYABLE = (Status.FAILED, Status.STOPPED)
 REQUEUEABLE = (Status.RUNNING,)
 
@@ -120,7 +120,10 @@ class DiscardedStep:
 
 
 def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = None) -> Workflow:
-    """``scheduled``/``running``/``blocked`` -> ``stopped``, with an encoded ``Terminal``.
+    """``scheduled``/``running``/``blocked``/``waiting`` -> ``stopped``, with an encoded ``Terminal``.
+
+    A waiting run's wait rows are deleted with it: it never wakes (a retry
+    replays its wait, with the wake time recorded on the first pass).
 
     A worker running the run starts no further step: on PostgreSQL it hears a
     NOTIFY and leaves at the next step boundary; elsewhere its next step write
@@ -137,6 +140,7 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
         )
         if not updated:
             raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
+        Wait.objects.filter(run_id=run_id).delete()
         notify_control(run_id)
     return Workflow.objects.get(id=run_id)
 

@@ -30,6 +30,7 @@ from .errors import (
     EverystepError,
     Fenced,
     SimulatedCrash,
+    Suspended,
     Terminal,
     WorkflowCodeError,
 )
@@ -111,6 +112,13 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
     if isinstance(outcome, Fenced):
         logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
         return None
+    if isinstance(outcome, Suspended):
+        from . import waits
+
+        status = database.reconnecting(waits.suspend_run, run.id, state.claimer, outcome.waiting)
+        if status is not None:
+            observability.suspended(run.name, outcome.waiting.kind, state.claimer)
+        return status
     if isinstance(outcome, DrainOrphan):
         database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
@@ -465,7 +473,7 @@ def _gather(callables, contexts, state: RunState | None, wrap_branch: Callable |
     if not failed:
         return tuple(results)
     for exc in failed:
-        if isinstance(exc, Terminal | DrainOrphan | EffectUncertain | SimulatedCrash):
+        if isinstance(exc, Terminal | DrainOrphan | EffectUncertain | SimulatedCrash | Suspended):
             raise exc
     if len(failed) == 1:
         raise failed[0]

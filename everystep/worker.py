@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde
+from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde, waits
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -191,6 +191,7 @@ class Worker:
         # of ours went through). Set a limit ahead after we lost the database.
         self._judge_from: float | None = 0.0
         self._cron: cron.CronStarter | None = None  # made by run(), from the registered schedules
+        self._next_wake = 0.0  # time.monotonic() of the next look for due waiting runs
 
     # ------------------------------------------------------------ public
 
@@ -269,6 +270,8 @@ class Worker:
             # Before claiming, so that a slot's run can be claimed here at once;
             # also when full (another worker may have room). No query until a slot is due.
             self._cron.start_due()
+            # Before claiming too: a run woken here is claimed in the same turn.
+            wake_in = self._wake_due()
             free = self.pool_size - len(self._inflight)
             claimed = []
             if free > 0:
@@ -310,8 +313,31 @@ class Worker:
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
-            # slot, a NOTIFY, stop(), the poll interval, a heartbeat or the next cron slot.
-            self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in)))
+            # slot, a NOTIFY, stop(), the poll interval, a heartbeat, the next cron
+            # slot or the next wake time of a waiting run.
+            self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in, wake_in)))
+
+    def _wake_due(self) -> float:
+        """Wake the waiting runs whose time has come, when a look is due; returns
+        the seconds until the next look: the next wake time, at most one poll
+        interval away (a run suspended by another worker is seen by then)."""
+        now = time.monotonic()
+        if now < self._next_wake:
+            return self._next_wake - now
+        self._next_wake = now + self.poll
+        try:
+            woken, upcoming = waits.wake_due()
+        except DatabaseError as exc:
+            logger.warning("worker %r: cannot wake due waiting runs (%s)", self.name, exc)
+            database.close_quietly()
+            return self.poll
+        if woken:
+            logger.debug("worker %r woke %d waiting run(s)", self.name, woken)
+            observability.woken(self.name, woken)
+        if upcoming is not None:
+            until = (upcoming - timezone.now()).total_seconds()
+            self._next_wake = min(self._next_wake, now + max(0.0, until))
+        return self._next_wake - time.monotonic()
 
     # ------------------------------------------------------------ heartbeat and recovery
 
@@ -399,6 +425,8 @@ class Worker:
         began = time.monotonic()
         try:
             status = runner.execute(run, self.name, leave_check=slot.leave_check, watch=slot.watch)
+            if status == Status.WAITING:
+                self._next_wake = 0.0  # its wake time may come before the next look
             if status is None:
                 self._after_leaving(slot)
             else:
@@ -432,6 +460,9 @@ class Worker:
             return  # spares the error's query below
         if status == Status.SCHEDULED:
             logger.info("run %s %s requeued after %.2fs", run.id, run.name, seconds)
+            return
+        if status == Status.WAITING:
+            logger.info("run %s %s waiting after %.2fs", run.id, run.name, seconds)
             return
         why, error = "", None
         if status != Status.COMPLETED:

@@ -145,6 +145,18 @@ def recovered(name: str, n: int) -> None:
         metrics.recovered(name, n)
 
 
+def suspended(workflow: str, kind: str, runner: str) -> None:
+    """A run left its worker as ``waiting`` at a wait of ``kind``."""
+    if metrics is not None:
+        metrics.suspended(workflow, kind, runner)
+
+
+def woken(name: str, n: int) -> None:
+    """The worker woke ``n`` waiting runs whose wake time came."""
+    if metrics is not None and n:
+        metrics.woken(name, n)
+
+
 def cron_started(workflow: str, runner: str, late: float, skipped: int) -> None:
     """This worker's insert won a cron slot, ``late`` seconds after the slot's
     time, skipping ``skipped`` missed slots before it (the catch-up policy)."""

@@ -81,6 +81,16 @@ cron_start_delay = Histogram(
     ["workflow", "runner"],
     buckets=CRON_BUCKETS,
 )
+runs_suspended = Counter(
+    "everystep_runs_suspended",
+    "Runs that left their worker as waiting (a durable sleep or event wait), by kind of wait.",
+    ["workflow", "kind", "runner"],
+)
+runs_woken = Counter(
+    "everystep_runs_woken",
+    "Waiting runs a worker put back to scheduled because their wake time came.",
+    ["runner"],
+)
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
 start_time = Gauge(
@@ -112,6 +122,14 @@ def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: 
         series = _step_series[key] = (steps_executed.labels(*key), step_duration.labels(*key))
     series[0].inc()
     series[1].observe(seconds)
+
+
+def suspended(workflow: str, kind: str, runner: str) -> None:
+    runs_suspended.labels(workflow, kind, runner).inc()
+
+
+def woken(name: str, n: int) -> None:
+    runs_woken.labels(name).inc(n)
 
 
 def worker_started(name: str, size: int) -> None:
