@@ -23,6 +23,8 @@ __all__ = [
     "wait_for_event",
     "send_event",
     "WaitTimeout",
+    "ChildFailed",
+    "ChildStopped",
 ]
 
 _LAZY = {
@@ -38,6 +40,8 @@ _LAZY = {
     "wait_for_event": "everystep.waits",
     "send_event": "everystep.waits",
     "WaitTimeout": "everystep.errors",
+    "ChildFailed": "everystep.errors",
+    "ChildStopped": "everystep.errors",
 }
 
 

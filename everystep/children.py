@@ -18,14 +18,21 @@ Invariants (what a crash at any line leaves behind):
 
 import hashlib
 import uuid
+from typing import Any
 
 from . import database
-from .errors import EverystepError
+from .context import current
+from .errors import ChildFailed, ChildStopped, EverystepError
+from .statuses import RunStatus as Status
 
 # Every child's idempotency key starts with this: the runner tells a child
 # run by it without a query (its end wakes a parent waiting for it).
 KEY_PREFIX = "everystep.child:"
 _MAX_KEY = 255
+CHILD_RESULT = "everystep.child_result"  # the name of handle.result()'s wait step
+WAIT_KIND = "child"
+# The ends that wake a waiting parent; a blocked child has not ended yet.
+ENDS = (Status.COMPLETED, Status.FAILED, Status.STOPPED)
 
 
 def child_key(parent_id, step_id: str) -> str:
@@ -103,6 +110,112 @@ class ChildHandle:
 
     def __repr__(self):
         return f"<ChildHandle {self.name} {self.id}>"
+
+    def result(self, everystep_id: str | None = None) -> Any:
+        """Wait durably for the child run to end and return its result.
+
+        A wait step (kind ``child``): until the child ends, the parent is
+        ``waiting`` and holds no worker; the child's end wakes it. The outcome
+        is recorded in the parent once, so replay returns (or raises) the
+        same. A child that failed raises :class:`~everystep.errors.ChildFailed`
+        here, one that was stopped :class:`~everystep.errors.ChildStopped`,
+        each carrying the child's error; a ``blocked`` child keeps the parent
+        waiting until an operator resolves it and it ends. Takes
+        ``everystep_id=`` like a step. Only in a workflow's body.
+        """
+        from . import waits
+
+        ctx = current()
+        if ctx is None or ctx.running_step is not None:
+            raise EverystepError(
+                f"result() of child run {self.id} works only in a workflow's body, not outside a run "
+                "or in a step"
+            )
+        child_id, key = self.id, str(self.id)
+
+        def resolve(state, step_id, params):
+            return child_outcome(child_id)
+
+        def ready():
+            return child_outcome(child_id, lock=True) is not None
+
+        return waits.wait_step(
+            CHILD_RESULT, everystep_id, args=[child_id], kind=WAIT_KIND, key=key, resolve=resolve, ready=ready
+        )
+
+
+def child_outcome(child_id, *, lock: bool = False) -> tuple | None:
+    """How the child ended, as a wait's ``resolve`` says it: ``("done",
+    result)``, ``("failed", ChildFailed | ChildStopped)``, or ``None`` while it
+    has not ended (``blocked`` included: it ends once resolved). ``lock``:
+    a locking read (inside the suspending transaction, where a plain read on
+    MySQL could come from an older snapshot)."""
+    from .models import Workflow
+
+    rows = Workflow.objects.filter(id=child_id)
+    if lock:
+        rows = rows.select_for_update()
+    row = rows.values_list("status", "result", "error").first()
+    if row is None:
+        return "failed", ChildFailed(
+            f"child run {child_id} no longer exists (deleted before its parent read its end)", child_id
+        )
+    status, result, error = row
+    if status == Status.COMPLETED:
+        return "done", result
+    if status == Status.FAILED:
+        message = (error or {}).get("message", "")
+        return "failed", ChildFailed(f"child run {child_id} failed: {message}", child_id, error)
+    if status == Status.STOPPED:
+        message = (error or {}).get("message", "")
+        return "failed", ChildStopped(f"child run {child_id} was stopped: {message}", child_id, error)
+    return None
+
+
+# ---------------------------------------------------------------- the child's end
+
+
+def lock_parent(child_id) -> uuid.UUID | None:
+    """Lock the row of the run that started ``child_id`` (if any) and return
+    its id. Called first in every transaction that ends a child: the
+    suspending parent locks its own row before the child's, so taking them
+    in the same order never deadlocks."""
+    from .models import ChildRun, Workflow
+
+    parent_id = ChildRun.objects.filter(child_id=child_id).values_list("parent_id", flat=True).first()
+    if parent_id is not None:
+        list(Workflow.objects.select_for_update().filter(id=parent_id).values_list("id", flat=True))
+    return parent_id
+
+
+def wake_parent(parent_id, child_id) -> bool:
+    """Wake ``parent_id`` if it waits for ``child_id``, in the caller's
+    transaction (the one that ended the child)."""
+    from . import waits
+
+    return parent_id is not None and waits.wake(parent_id, kind=WAIT_KIND, key=str(child_id))
+
+
+def finisher(run):
+    """The transition that ends ``run``: :func:`finish_child` for a child
+    (told by its idempotency key, without a query), else ``operations.finish_run``."""
+    from . import operations
+
+    return finish_child if is_child_key(run.idempotency_key) else operations.finish_run
+
+
+def finish_child(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
+    """``operations.finish_run`` for a child run: its end and its parent's
+    wake-up in one transaction, so a parent waiting for it is never left
+    waiting by a crash in between."""
+    from . import operations
+
+    with database.atomic():
+        parent_id = lock_parent(run_id)
+        ended = operations.finish_run(run_id, claimer, status, result=result, error=error)
+        if ended and status in ENDS:
+            wake_parent(parent_id, run_id)
+    return ended
 
 
 def check_inside_body(ctx, name: str) -> None:

@@ -282,6 +282,7 @@ class Wait(models.Model):
     class Kind(models.TextChoices):
         TIME = "time"
         EVENT = "event"
+        CHILD = "child"  # handle.result() of a child run (everystep.children); key: its run id
 
     run = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="waits", db_index=False)
     step_id = models.CharField(max_length=300)

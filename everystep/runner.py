@@ -150,13 +150,11 @@ def _end(
     run, claimer, status, *, result=None, exc: BaseException | None = None, error: dict | None = None
 ) -> str | None:
     """End the run; ``error`` is the stored form of ``exc`` when it needs more than its encoding."""
-    from . import operations
 
     if error is None and exc is not None:
         error = serde.encode_exception(exc)
-    if database.reconnecting(
-        operations.finish_run, run.id, claimer, status, result=result, error=error
-    ):
+    # A child's end also wakes its waiting parent; only a child pays for that.
+    if database.reconnecting(children.finisher(run), run.id, claimer, status, result=result, error=error):
         if status == Status.FAILED and observer is not None:
             observer.run_failed(run, claimer, exc)  # once: only one guarded update matches
         return status

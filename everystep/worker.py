@@ -38,7 +38,19 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde, waits
+from . import (
+    children,
+    claims,
+    cron,
+    database,
+    heartbeats,
+    observability,
+    operations,
+    registry,
+    runner,
+    serde,
+    waits,
+)
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -441,7 +453,7 @@ class Worker:
             logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
             self._quietly(
                 database.reconnecting,
-                operations.finish_run,
+                children.finisher(run),  # a child's end wakes its waiting parent
                 run.id,
                 self.name,
                 Status.FAILED,

@@ -4,14 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """The table that links a child run to the run that started it
-    (additive: everystep_workflow and everystep_step keep their columns)."""
+    """The table that links a child run to the run that started it, and the
+    wait kind ``child`` (a choice only; additive: everystep_workflow and
+    everystep_step keep their columns)."""
 
     dependencies = [
-        ("everystep", "0012_heartbeat"),
+        ("everystep", "0013_waiting"),
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name="wait",
+            name="kind",
+            field=models.CharField(
+                choices=[("time", "Time"), ("event", "Event"), ("child", "Child")], max_length=16
+            ),
+        ),
         migrations.CreateModel(
             name="ChildRun",
             fields=[
