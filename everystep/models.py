@@ -99,6 +99,8 @@ class Workflow(models.Model):
             ("requeue_workflow", "Can requeue a running run"),
             ("rerun_workflow", "Can re-run a run from a step"),
             ("fork_workflow", "Can fork a run from a step"),
+            ("wake_workflow", "Can wake a waiting run now"),
+            ("send_event_workflow", "Can send an event to a waiting run"),
         ]
 
     def __str__(self):

@@ -4,7 +4,7 @@ from django import forms
 
 from everystep import children, serde
 from everystep.errors import EverystepError
-from everystep.models import Step, Workflow
+from everystep.models import Step, Wait, Workflow
 
 
 class RunActionForm(forms.Form):
@@ -43,6 +43,37 @@ class StopForm(RunActionForm):
             )
         else:
             del self.fields["stop_children"]
+
+
+class SendEventForm(RunActionForm):
+    """The event's key and its value as JSON; the key the run waits for, if
+    it waits for one, is filled in."""
+
+    key = forms.CharField(
+        label="Key", max_length=255, widget=forms.TextInput(attrs={"size": 40}),
+        help_text="The key the workflow waits for with wait_for_event().",
+    )
+    value = forms.CharField(
+        label="Value (JSON)",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": '{"approved": true}'}),
+        help_text="What wait_for_event() returns, as JSON: an object, a list, a string in quotes, "
+        "a number, true, false or null.",
+    )
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, run=run)
+        awaited = Wait.objects.filter(run_id=run.pk, kind=Wait.Kind.EVENT).values_list("key", flat=True)
+        awaited = awaited.first()
+        if awaited:
+            self.fields["key"].initial = awaited
+
+    def clean_value(self):
+        text = self.cleaned_data["value"]
+        try:
+            return serde.loads(text)
+        except (ValueError, EverystepError) as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
 
 
 class RequeueForm(RunActionForm):

@@ -22,7 +22,7 @@ from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
 from everystep import heartbeats
-from everystep.models import ChildRun, Heartbeat, RunFork, Step, Workflow
+from everystep.models import ChildRun, Heartbeat, RunFork, Step, Wait, Workflow
 
 from . import display, tree
 from .payloads import JSONHead, Preview, json_download
@@ -133,6 +133,29 @@ def family(request, model_admin, run: Workflow) -> dict:
         ],
         "more_children": more,
     }
+
+
+def waiting_for(request, model_admin, run: Workflow) -> list[dict]:
+    """What a ``waiting`` run waits for, one entry per wait row: ``kind``
+    ``time`` (``until``), ``event`` (``key``, ``until``: its timeout, if
+    any) or ``child`` (``child``: a link with the child's status). Empty for
+    any other status (a run's wait rows go when it is woken)."""
+    if run.status != Workflow.Status.WAITING:
+        return []
+    waits = Wait.objects.filter(run_id=run.pk).order_by("step_id")
+    rows = list(waits.values("step_id", "kind", "key", "wake_at"))
+    child_ids = [row["key"] for row in rows if row["kind"] == Wait.Kind.CHILD]
+    statuses = {}
+    if child_ids:
+        statuses = dict(Workflow.objects.filter(id__in=child_ids).values_list("id", "status"))
+    found = []
+    for row in rows:
+        entry = {"kind": row["kind"], "step_id": row["step_id"], "key": row["key"], "until": row["wake_at"]}
+        if row["kind"] == Wait.Kind.CHILD:
+            child_id = uuid.UUID(row["key"])
+            entry["child"] = {**_run_link(request, model_admin, child_id), "status": statuses.get(child_id)}
+        found.append(entry)
+    return found
 
 
 def _run_link(request, model_admin, run_id) -> dict:
@@ -278,6 +301,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "tree": step_tree,
         "claimer": claimer,
         "steps_recorded": len(steps),
+        "waiting_for": waiting_for(request, model_admin, run),
         "action_buttons": model_admin.action_buttons(request, run),
         "step_actions": model_admin.step_action_buttons(request, run),
         **page_context(request, model_admin, run),
