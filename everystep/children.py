@@ -29,7 +29,7 @@ from .statuses import RunStatus as Status
 # run by it without a query (its end wakes a parent waiting for it).
 KEY_PREFIX = "everystep.child:"
 _MAX_KEY = 255
-CHILD_RESULT = "everystep.child_result"  # the name of handle.result()'s wait step
+CHILD_RESULT = "everystep.child_result"  # the name of handle.result()'s wait step (waits.WAIT_STEP_NAMES)
 WAIT_KIND = "child"
 # The ends that wake a waiting parent; a blocked child has not ended yet.
 ENDS = (Status.COMPLETED, Status.FAILED, Status.STOPPED)

@@ -61,6 +61,9 @@ logger = logging.getLogger("everystep")
 
 SLEEP = "everystep.sleep"
 WAIT_FOR_EVENT = "everystep.wait_for_event"
+# The names wait steps are recorded under; a new kind adds its own.
+CHILD_RESULT = "everystep.child_result"  # a child run's handle.result() (everystep.children)
+WAIT_STEP_NAMES = {SLEEP, WAIT_FOR_EVENT, CHILD_RESULT}
 MAX_KEY_LENGTH = 255
 # Runs woken per transaction by wake_due; a larger backlog takes several.
 WAKE_BATCH = 500
@@ -397,6 +400,12 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
             stored = False
         wake(run_id, kind="event", key=key)
     return stored
+
+
+def is_wait_step(name: str) -> bool:
+    """Whether a step row of this name is a wait: its ``started`` row means
+    "waiting here", not an unsafe step's uncertain outcome."""
+    return name in WAIT_STEP_NAMES
 
 
 def _check_key(key) -> None:

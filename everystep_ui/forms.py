@@ -2,7 +2,7 @@
 
 from django import forms
 
-from everystep import children, serde
+from everystep import children, serde, waits
 from everystep.errors import EverystepError
 from everystep.models import Step, Wait, Workflow
 
@@ -174,6 +174,7 @@ class ResolveForm(RunActionForm):
     def __init__(self, data=None, *, run: Workflow):
         super().__init__(data, run=run)
         started = Step.objects.filter(workflow_id=run.pk, status=Step.Status.STARTED).order_by("id")
+        started = started.exclude(name__in=waits.WAIT_STEP_NAMES)  # where a run waited: no effect
         steps = list(started.values_list("step_id", "name"))
         self.fields["step_id"].choices = [(step_id, f"{step_id} ({name})") for step_id, name in steps]
         if len(steps) == 1:

@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep import heartbeats
+from everystep import heartbeats, waits
 from everystep.models import ChildRun, Heartbeat, RunFork, Step, Wait, Workflow
 
 from . import display, tree
@@ -166,7 +166,7 @@ def _run_link(request, model_admin, run_id) -> dict:
 def step_detail(request, run_id, step_pk, *, model_admin):
     run = get_run(request, model_admin, run_id)
     step = get_step(run, step_pk, payloads=True)
-    status = tree.step_status(step.status, run.status)
+    status = tree.step_status(step.status, run.status, step.name)
     uncertain = status == "uncertain"
     # In a blocked run's page (the panel htmx loads), the run's status says how to resolve it.
     resolve_on_run_page = uncertain and request.htmx and run.status == Workflow.Status.BLOCKED
@@ -281,7 +281,9 @@ def run_context(request, model_admin, run: Workflow) -> dict:
 
     payloads = previews(run, RUN_PAYLOADS, partial(model_admin.page_url, request, "run_json", run.pk))
     error = display.stored_error(payloads["error"])
-    uncertain = next((row for row in steps if row.status == Step.Status.STARTED), None)
+    uncertain = next(
+        (row for row in steps if row.status == Step.Status.STARTED and not waits.is_wait_step(row.name)), None
+    )
     show_resolve = run.status == Workflow.Status.BLOCKED or (error and error.is_uncertain)
     completed = run.status == Workflow.Status.COMPLETED
     return {
