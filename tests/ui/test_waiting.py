@@ -174,6 +174,67 @@ def test_send_event_needs_its_permission(operator_client, waiting_run):
     assert entry.user.username == "operator-send_event_workflow"
 
 
+# Wake now
+
+
+def wake(client, run, seen="waiting"):
+    return client.post(url(run, "wake"), {"seen_status": seen})
+
+
+def test_wake_now_ends_a_sleep_and_logs_it(admin_client, waiting_run):
+    run = waiting_run("time")
+    page = " ".join(admin_client.get(url(run, "wake")).text.split())
+    assert f"Waits for the time {LATER:%Y-%m-%d %H:%M:%S} UTC" in page
+    response = wake(admin_client, run)
+    assert response.status_code == 302
+    assert status_of(run) == "scheduled"
+    assert Step.objects.get(workflow=run, step_id="2").status == "done"  # the sleep returns at once
+    assert not Wait.objects.filter(run=run).exists()
+    [entry] = history(run)
+    assert entry.change_message == "Woken now: waiting -> scheduled."
+    assert messages_of(response) == [f"Run {run.pk}: Woken now: waiting -> scheduled."]
+
+
+@pytest.mark.parametrize(
+    "kind, timeout, refusal",
+    [
+        ("child", True, "waits for a child, which only its end wakes; nothing was changed"),
+        ("event", False, "without a timeout: send it the event (send_event) instead; nothing was changed"),
+    ],
+)
+def test_wake_now_refuses_a_wait_only_its_event_or_child_ends(
+    admin_client, waiting_run, kind, timeout, refusal
+):
+    run = waiting_run(kind, timeout=timeout)
+    response = wake(admin_client, run)
+    assert status_of(run) == "waiting"
+    assert Step.objects.get(workflow=run, step_id="2").status == "started"
+    assert history(run) == []
+    [message] = messages_of(response)
+    assert refusal in message
+
+
+def test_wake_now_of_a_run_that_moved_on_changes_nothing(admin_client, waiting_run):
+    run = waiting_run("time")
+    Workflow.objects.filter(pk=run.pk).update(status="stopped")
+    response = wake(admin_client, run)
+    assert status_of(run) == "stopped"
+    assert history(run) == []
+    assert "moved on: it is stopped now, not waiting; nothing was changed" in messages_of(response)[0]
+
+
+def test_wake_now_needs_its_permission(operator_client, waiting_run):
+    run = waiting_run("time")
+    for client in (operator_client(), operator_client("send_event_workflow", "stop_workflow")):
+        assert "es-action-wake" not in client.get(run_page(run)).text
+        assert wake(client, run).status_code == 403
+    assert status_of(run) == "waiting"
+    allowed = operator_client("wake_workflow")
+    assert "es-action-wake" in allowed.get(run_page(run)).text
+    assert wake(allowed, run).status_code == 302
+    assert status_of(run) == "scheduled"
+
+
 # The overview
 
 
