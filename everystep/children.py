@@ -50,13 +50,13 @@ def is_child_key(idempotency_key: str | None) -> bool:
     return bool(idempotency_key) and idempotency_key.startswith(KEY_PREFIX)
 
 
-def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -> uuid.UUID | None:
+def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -> tuple | None:
     """Insert (or find, on a later pass) the child run and its link, in one
-    transaction fenced on the parent: returns the child's run id, or ``None``
-    when the parent is no longer ``running`` under ``claimer`` (nothing
-    written)."""
+    transaction fenced on the parent: returns ``(child's run id, inserted
+    now)``, or ``None`` when the parent is no longer ``running`` under
+    ``claimer`` (nothing written)."""
     from .models import ChildRun, Workflow
-    from .scheduling import insert_run
+    from .scheduling import insert_run_once
 
     with database.atomic():
         # Locking the parent's row makes an operator's stop or requeue wait
@@ -66,10 +66,10 @@ def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -
         )
         if not list(owned.values_list("id", flat=True)):
             return None
-        child = insert_run(Workflow, name, args, child_key(parent_id, step_id))
+        child, inserted = insert_run_once(Workflow, name, args, child_key(parent_id, step_id))
         if not ChildRun.objects.filter(child_id=child.id).exists():
             ChildRun.objects.create(child_id=child.id, parent_id=parent_id, step_id=step_id)
-    return child.id
+    return child.id, inserted
 
 
 def parent_of(run_id):

@@ -396,16 +396,19 @@ def start_child(spec: registry.Spec, args: tuple, everystep_id: str | None) -> c
         _check_same_function(state, step_id, spec, recorded)
         return children.ChildHandle(_serve_recorded(state, recorded), spec.name)
     row = _StepRow(state, step_id, spec, args, {}, started=False)
-    child_id = _guarded_db(
+    started = _guarded_db(
         state, children.insert_child, state.workflow_id, state.claimer, step_id, spec.name, list(args)
     )
-    if child_id is None:
+    if started is None:
         state.halt_with(
             Fenced(
                 f"run {state.workflow_id} is no longer running under "
                 f"{state.claimer!r}; its child at step {step_id} was not started"
             )
         )
+    child_id, inserted = started
+    if inserted:
+        observability.child_started(state.name, spec.name, state.claimer, step_id, child_id)
     _fault(ctx, step_id)
     _record(row, StepStatus.DONE, result=child_id, stored_result=serde.encode(child_id))
     return children.ChildHandle(child_id, spec.name)
