@@ -82,7 +82,7 @@ class ChildRunError(EverystepError):
     """Base of what ``handle.result()`` raises in a parent when its child run
     did not complete. ``child_id`` is the child's run id, ``error`` the
     child's stored error (``{"type", "message", "args"}``), and
-    :meth:`exception` rebuilds the child's own exception from it."""
+    ``exception()`` rebuilds the child's own exception from it."""
 
     def __init__(self, message, child_id=None, error=None):
         super().__init__(message, child_id, error)

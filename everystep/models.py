@@ -185,8 +185,8 @@ class RunFork(models.Model):
 
 
 class ChildRun(models.Model):
-    """Which run started a run: one row per run made by ``start_child``
-    (:mod:`everystep.children`), keyed by that child run.
+    """Which run started a run: one row per run made by
+    :func:`~everystep.start_child`, keyed by that child run.
 
     ``parent`` is the run whose body called ``start_child``, ``step_id`` the
     dotpath of that call in the parent (unique per parent: one child per
