@@ -191,7 +191,18 @@ def wait_step(
         if recorded.name != name:
             _diverged(state, step_id, recorded.name, name)
         if recorded.status != StepStatus.STARTED:
-            return runner._serve_recorded(state, recorded)
+            return runner._serve_recorded(state, recorded)  # a replay: no span, as for steps
+    tracing = runner.observer.tracing if runner.observer is not None else None
+    if tracing is None or not tracing.recording():
+        return _wait(ctx, step_id, name, recorded, args, kind, key, wake_at, resolve, ready)
+    with tracing.wait_span(state, step_id, name, kind, key):
+        return _wait(ctx, step_id, name, recorded, args, kind, key, wake_at, resolve, ready)
+
+
+def _wait(ctx, step_id, name, recorded, args, kind, key, wake_at, resolve, ready) -> Any:
+    """Record the wait once, then end it (its outcome recorded) or suspend the run."""
+    state = ctx.state
+    if recorded is not None:
         params = _recorded_params(state, step_id)
     else:
         params = {"kind": kind, "key": key, "wake_at": wake_at}

@@ -110,6 +110,15 @@ def test_pickup_with_and_without_notify(tmp_path):
     assert figures["notify"]["runs"] == figures["poll"]["runs"] == 3
 
 
+def test_waits(tmp_path):
+    figures = figures_of(
+        tmp_path, "waits.py", "--sleepers", "50", "--due", "5", "--window", "1", "--events", "3",
+        "--quick", "5",
+    )
+    assert (figures["sleepers"], figures["due"]) == (50, 5)
+    assert {"lateness_p50_ms", "event_p50_ms", "capacity_ratio"} <= set(figures)
+
+
 def test_ui_pages(tmp_path):
     figures = figures_of(tmp_path, "ui_scale.py", "--runs", "200", "--requests", "1")
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
