@@ -171,3 +171,17 @@ def test_result_outside_a_body_is_refused():
     handle = children.ChildHandle("0190f4a0-0000-7000-8000-000000000000", "x")
     with pytest.raises(EverystepError, match="works only in a workflow's body"):
         handle.result()
+
+
+def test_a_parent_stopped_while_waiting_and_retried_waits_for_the_same_child_again():
+    parent, child = waiting_parent("ok", "h")
+    operations.stop_run(parent.id)
+    assert not Wait.objects.filter(run_id=parent.id).exists()
+    operations.retry_run(parent.id)
+    parent = run_once(Workflow.objects.get(id=parent.id))
+    assert parent.status == "waiting"  # the same wait step, for the same child
+    assert Wait.objects.get(run_id=parent.id).key == str(child.id)
+    assert Workflow.objects.filter(parent_link__parent_id=parent.id).count() == 1
+    run_once(child)
+    parent = run_once(Workflow.objects.get(id=parent.id))
+    assert parent.result == {"value": "child:h", "child": str(child.id)}
