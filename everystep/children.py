@@ -14,6 +14,14 @@ Invariants (what a crash at any line leaves behind):
   its link exist; the next pass computes the same key and finds that child
   (``schedule``'s idempotency), then records the step. No second child;
 - after the step row: replay serves the child's id from the store.
+
+``handle.result()`` is a wait of kind ``child`` (``everystep.waits``): the
+parent is ``waiting`` until the child ends. Every transaction that ends a
+child (:func:`finish_child`, and ``operations.stop_run``) wakes a parent
+waiting for it before it commits, so a crash leaves either both (the child
+ended, the parent scheduled) or neither. It locks the parent's row before the
+child's, the order the parent's suspension takes them in, so the two never
+deadlock and one of them always sees the other.
 """
 
 import hashlib
@@ -70,13 +78,6 @@ def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -
         if not ChildRun.objects.filter(child_id=child.id).exists():
             ChildRun.objects.create(child_id=child.id, parent_id=parent_id, step_id=step_id)
     return child.id, inserted
-
-
-def parent_of(run_id):
-    """The link of ``run_id`` to the run that started it, or ``None``."""
-    from .models import ChildRun
-
-    return ChildRun.objects.filter(child_id=run_id).first()
 
 
 def unfinished_descendants(run_id) -> list[tuple]:
