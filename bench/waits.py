@@ -20,7 +20,7 @@ to the waiting run resuming.
    (LISTEN/NOTIFY wakes the idle worker). As a baseline on the same worker
    and machine, as many new runs are scheduled one at a time the same way.
 
-Usage: python bench/waits.py [--sleepers 100000] [--due 2000] [--window 20]
+Usage: python bench/waits.py [--sleepers 100000] [--due 500] [--window 20]
        [--events 200] [--quick 2000] [--poll 0.2] [--json FILE]
 """
 
@@ -163,7 +163,7 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sleepers", type=int, default=100_000)
-    parser.add_argument("--due", type=int, default=2000)
+    parser.add_argument("--due", type=int, default=500)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--quick", type=int, default=2000)

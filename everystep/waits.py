@@ -296,7 +296,12 @@ def suspend_run(run_id, claimer: str, waiting: Waiting) -> str | None:
         )
         if not moved:
             return None
-        Wait.objects.filter(run_id=run_id).delete()  # left by an earlier wait: this one replaces it
+        # A running run has no wait row (every wake deletes them); should one be
+        # left, this wait replaces it. Not a blind DELETE: on InnoDB a delete of
+        # nothing takes a gap lock that deadlocks two suspensions' inserts.
+        stale = Wait.objects.filter(run_id=run_id)
+        if stale.exists():
+            stale.delete()
         Wait.objects.create(
             run_id=run_id, step_id=waiting.step_id, kind=waiting.kind, key=waiting.key,
             wake_at=waiting.wake_at,
