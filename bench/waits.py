@@ -7,8 +7,9 @@ to the waiting run resuming.
    default 100,000, inserted in bulk as a suspension writes them: the run
    ``waiting``, its sleep's ``started`` step row, its ``everystep_wait`` row).
    Sleeping runs hold no worker slot: the two times should match.
-2. Wake lateness: ``--due`` of the sleepers wake within ``--window`` seconds
-   (the others an hour later, so the wait table stays at full size); each
+2. Wake lateness: ``--due`` of the sleepers (inserted last) wake within
+   ``--window`` seconds (the others an hour later, so the wait table stays at
+   full size); each
    woken run's next step records ``time.time()``; lateness is that minus its
    recorded wake time (same machine, same clock). A late run is late by the
    wake-up (the worker's timer, bounded by the next wake time) plus the claim
@@ -16,9 +17,10 @@ to the waiting run resuming.
 3. Event resume: ``--events`` runs wait for the event ``go``; they are sent
    one at a time, each in its own transaction, with random gaps; the latency
    is from the send's COMMIT returning to the run's next step starting
-   (LISTEN/NOTIFY wakes the idle worker).
+   (LISTEN/NOTIFY wakes the idle worker). As a baseline on the same worker
+   and machine, as many new runs are scheduled one at a time the same way.
 
-Usage: python bench/waits.py [--sleepers 100000] [--due 2000] [--window 20]
+Usage: python bench/waits.py [--sleepers 100000] [--due 500] [--window 20]
        [--events 200] [--quick 2000] [--poll 0.2] [--json FILE]
 """
 
@@ -55,9 +57,9 @@ def count(ids, status: str) -> int:
 
 
 def insert_sleepers(n: int, due: int, start: dt.datetime, window: float) -> list:
-    """``n`` runs of ``sleeper`` as their suspension leaves them; ``due`` of them
-    wake between ``start`` and ``start + window``, the rest an hour later.
-    Returns the ids of the due ones."""
+    """``n`` runs of ``sleeper`` as their suspension leaves them; the first
+    ``due`` of them wake between ``start`` and ``start + window``, the rest an
+    hour after ``start``. Returns the ids of the due ones."""
     import uuid6
 
     from everystep import waits
@@ -83,6 +85,11 @@ def insert_sleepers(n: int, due: int, start: dt.datetime, window: float) -> list
         Workflow.objects.bulk_create(runs)
         Step.objects.bulk_create(steps)
         Wait.objects.bulk_create(rows)
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        # As autovacuum would after such growth: plans from fresh statistics.
+        cursor.execute("ANALYZE everystep_workflow, everystep_step, everystep_wait")
     return due_ids
 
 
@@ -107,6 +114,26 @@ def lateness(due_ids) -> list[float]:
     woke = dict(rows.filter(step_id="2").values_list("workflow_id", "result"))
     wake_at = dict(rows.filter(step_id="1").values_list("workflow_id", "kwargs"))
     return [(woke[run_id] - wake_at[run_id]["wake_at"].timestamp()) * 1000 for run_id in due_ids]
+
+
+def pickup_latencies(n: int, rng) -> list[float]:
+    """The baseline: ``schedule()``'s commit to a new run's step starting, measured
+    the same way on the same worker (bench/pickup.py measures it alone)."""
+    from django.db import transaction
+
+    from bench.wait_workflows import quick
+    from everystep import schedule
+    from everystep.models import Step
+
+    committed = {}
+    for _ in range(n):
+        time.sleep(rng.uniform(0.02, 0.1))
+        with transaction.atomic():
+            run_id = schedule(quick).id
+        committed[run_id] = time.time()
+    wait_until(lambda: count(list(committed), "completed") == n, "the baseline runs")
+    started = dict(Step.objects.filter(workflow_id__in=list(committed)).values_list("workflow_id", "result"))
+    return [(started[run_id] - at) * 1000 for run_id, at in committed.items()]
 
 
 def event_latencies(n: int, rng) -> list[float]:
@@ -136,7 +163,7 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sleepers", type=int, default=100_000)
-    parser.add_argument("--due", type=int, default=2000)
+    parser.add_argument("--due", type=int, default=500)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--quick", type=int, default=2000)
@@ -157,14 +184,17 @@ def main(argv=None):
         quick_runs(50)  # warm-up: the worker is up and has imported the workflows
         empty = quick_runs(args.quick)
         began = time.monotonic()
-        start = timezone.now() + dt.timedelta(seconds=30 + args.sleepers / 4000)
-        due_ids = insert_sleepers(args.sleepers, args.due, start, args.window)
+        insert_sleepers(args.sleepers - args.due, 0, timezone.now(), 0)
         inserted = time.monotonic() - began
         beside = quick_runs(args.quick)
+        # The due ones last, once the table is full: their wake times start 2 s
+        # after their insert, so none is due before it is there.
+        due_ids = insert_sleepers(args.due, args.due, timezone.now() + dt.timedelta(seconds=2), args.window)
         wait_until(lambda: count(due_ids, "completed") == len(due_ids), "the due sleepers",
                    timeout=120 + args.sleepers / 1000 + args.window)
         late = lateness(due_ids)
         events = event_latencies(args.events, rng)
+        baseline = pickup_latencies(args.events, rng)
     finally:
         stop_workers([proc])
     figures = {
@@ -182,6 +212,8 @@ def main(argv=None):
         "event_p50_ms": median(events),
         "event_p99_ms": percentile(events, 0.99),
         "event_max_ms": max(events),
+        "pickup_p50_ms": median(baseline),
+        "pickup_p99_ms": percentile(baseline, 0.99),
     }
     print(f"\n{args.sleepers} sleeping runs inserted in {inserted:.1f} s; one worker process, pool 8, "
           f"poll {args.poll} s")
@@ -194,8 +226,12 @@ def main(argv=None):
     print(table([[f"{figures['lateness_p50_ms']:.1f}", f"{figures['lateness_p99_ms']:.1f}",
                   f"{figures['lateness_max_ms']:.1f}"]], ["p50 ms", "p99 ms", "max ms"]))
     print(f"\nsend_event commit to the run's next step, {args.events} runs one at a time (LISTEN/NOTIFY)")
-    print(table([[f"{figures['event_p50_ms']:.1f}", f"{figures['event_p99_ms']:.1f}",
-                  f"{figures['event_max_ms']:.1f}"]], ["p50 ms", "p99 ms", "max ms"]))
+    print(table([
+        ["send_event commit to the run's next step", f"{figures['event_p50_ms']:.1f}",
+         f"{figures['event_p99_ms']:.1f}", f"{figures['event_max_ms']:.1f}"],
+        ["baseline: schedule() commit to a new run's step", f"{figures['pickup_p50_ms']:.1f}",
+         f"{figures['pickup_p99_ms']:.1f}", f"{max(baseline):.1f}"],
+    ], ["", "p50 ms", "p99 ms", "max ms"]))
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
     return figures

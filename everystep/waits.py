@@ -1,8 +1,8 @@
 """Durable waits: a run that sleeps or waits for an event leaves its worker
 as ``waiting`` and is put back to ``scheduled`` when it is due.
 
-One mechanism serves every kind of wait (``time`` for :func:`sleep` and
-:func:`sleep_until`, ``event`` for :func:`wait_for_event`; another kind, such
+One mechanism serves every kind of wait (``time`` for :func:`~everystep.sleep` and
+:func:`~everystep.sleep_until`, ``event`` for :func:`~everystep.wait_for_event`; another kind, such
 as a child run, plugs in the same way):
 
 1. :func:`wait_step` is the wait inside the body. It takes the next step id
@@ -14,7 +14,7 @@ as a child run, plugs in the same way):
    that value (the value the wait returns, now and on every replay),
    ``("failed", exc)`` completes it as ``failed`` (raised at the wait, now and
    on every replay), ``None`` suspends: it halts the run with
-   :class:`~everystep.errors.Suspended`.
+   ``everystep.errors.Suspended``.
 2. The runner then calls :func:`suspend_run`: one transaction that moves the
    run ``running`` (under this claimer) -> ``waiting``, clears ``claimed_by``
    and writes the run's ``everystep_wait`` row. The worker slot is free once
@@ -25,7 +25,7 @@ as a child run, plugs in the same way):
 3. A waiting run is woken by :func:`wake` (a guarded ``waiting`` ->
    ``scheduled`` transition that deletes its wait rows and NOTIFYs idle
    workers): :func:`wake_due` in every worker's loop for due wake times,
-   :func:`send_event` for events, ``operations.wake_now`` for an operator.
+   :func:`~everystep.send_event` for events, ``operations.wake_now`` for an operator.
    The next claim replays the body; ``resolve`` now says the wait is over.
 
 Every transition locks the run row first and the wait and event rows after,
@@ -36,7 +36,7 @@ every side: the one that computed a wake time also judges it due.
 To add a kind: call :func:`wait_step` with a ``resolve(step_id, params)``
 and a ``ready`` check, write :class:`~everystep.models.Wait` rows of that
 kind (``key`` names what is awaited), and call :func:`wake` for the run when
-it happens (e.g. when a child run ends). :data:`~everystep.models.Wait.Kind`
+it happens (e.g. when a child run ends). ``Wait.Kind``
 names the kinds stored.
 """
 
@@ -297,7 +297,12 @@ def suspend_run(run_id, claimer: str, waiting: Waiting) -> str | None:
         )
         if not moved:
             return None
-        Wait.objects.filter(run_id=run_id).delete()  # left by an earlier wait: this one replaces it
+        # A running run has no wait row (every wake deletes them); should one be
+        # left, this wait replaces it. Not a blind DELETE: on InnoDB a delete of
+        # nothing takes a gap lock that deadlocks two suspensions' inserts.
+        stale = Wait.objects.filter(run_id=run_id)
+        if stale.exists():
+            stale.delete()
         Wait.objects.create(
             run_id=run_id, step_id=waiting.step_id, kind=waiting.kind, key=waiting.key,
             wake_at=waiting.wake_at,
@@ -337,6 +342,11 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
     Two workers may call it at once: each locks the runs it wakes, skipping
     runs another one holds (where the database can skip locks), and the
     ``waiting`` guard lets a run be woken only once.
+
+    Its reads use the ``wake_at`` index alone (no join to the runs): wait rows
+    exist only for ``waiting`` runs, since every transition out of
+    ``waiting`` deletes them in the same transaction. Should one outlive its
+    run's wait all the same, it is deleted here when it comes due.
     """
     from .models import Wait, Workflow
     from .scheduling import notify_scheduled
@@ -346,16 +356,12 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
     woken = 0
     while True:
         with database.atomic():
-            candidates = list(
-                Wait.objects.filter(wake_at__lte=now, run__status=Status.WAITING)
-                .order_by("wake_at")
-                .values_list("run_id", flat=True)[:batch]
-            )
+            candidates = _due_candidates(now, batch)
             if not candidates:
                 break
             locked = list(
                 Workflow.objects.select_for_update(skip_locked=skip_locked)
-                .filter(id__in=candidates, status=Status.WAITING)
+                .filter(id__in=candidates)
                 .values_list("id", flat=True)
             )
             # Read again under the run locks: a run may wait anew, for a later time, since.
@@ -365,6 +371,8 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
                 .values_list("run_id", flat=True)
             )
             if due:
+                # The fence: only a run still waiting wakes (a stray row of any
+                # other run is deleted below and wakes nothing).
                 woken += Workflow.objects.filter(id__in=due, status=Status.WAITING).update(
                     status=Status.SCHEDULED
                 )
@@ -372,8 +380,17 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
                 notify_scheduled()
         if len(candidates) < batch:
             break
-    upcoming = Wait.objects.filter(run__status=Status.WAITING).aggregate(at=Min("wake_at"))["at"]
+    upcoming = Wait.objects.aggregate(at=Min("wake_at"))["at"]
     return woken, upcoming
+
+
+def _due_candidates(now: dt.datetime, batch: int) -> list:
+    """Runs whose wait looked due, read without a lock: by the time they are
+    locked, one may have been woken and be waiting anew (so wake_due reads again)."""
+    from .models import Wait
+
+    due = Wait.objects.filter(wake_at__lte=now).order_by("wake_at")
+    return list(due.values_list("run_id", flat=True)[:batch])
 
 
 # ---------------------------------------------------------------- from anywhere

@@ -282,8 +282,6 @@ class Worker:
             # Before claiming, so that a slot's run can be claimed here at once;
             # also when full (another worker may have room). No query until a slot is due.
             self._cron.start_due()
-            # Before claiming too: a run woken here is claimed in the same turn.
-            wake_in = self._wake_due()
             free = self.pool_size - len(self._inflight)
             claimed = []
             if free > 0:
@@ -322,6 +320,11 @@ class Worker:
                     continue
                 for run in claimed:
                     self._submit(executor, run)
+            # After claiming, so that a NOTIFYed run is not held up by it; a run
+            # woken here is claimed by the next turn, at once.
+            wake_in, woken = self._wake_due()
+            if woken:
+                continue
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
@@ -329,27 +332,28 @@ class Worker:
             # slot or the next wake time of a waiting run.
             self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in, wake_in)))
 
-    def _wake_due(self) -> float:
+    def _wake_due(self) -> tuple[float, int]:
         """Wake the waiting runs whose time has come, when a look is due; returns
-        the seconds until the next look: the next wake time, at most one poll
-        interval away (a run suspended by another worker is seen by then)."""
+        the seconds until the next look (the next wake time, at most one poll
+        interval away: a run suspended by another worker is seen by then) and
+        how many runs it woke."""
         now = time.monotonic()
         if now < self._next_wake:
-            return self._next_wake - now
+            return self._next_wake - now, 0
         self._next_wake = now + self.poll
         try:
             woken, upcoming = waits.wake_due()
         except DatabaseError as exc:
             logger.warning("worker %r: cannot wake due waiting runs (%s)", self.name, exc)
             database.close_quietly()
-            return self.poll
+            return self.poll, 0
         if woken:
             logger.debug("worker %r woke %d waiting run(s)", self.name, woken)
             observability.woken(self.name, woken)
         if upcoming is not None:
             until = (upcoming - timezone.now()).total_seconds()
             self._next_wake = min(self._next_wake, now + max(0.0, until))
-        return self._next_wake - time.monotonic()
+        return self._next_wake - time.monotonic(), woken
 
     # ------------------------------------------------------------ heartbeat and recovery
 

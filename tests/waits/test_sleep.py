@@ -2,6 +2,7 @@
 time across replays and crashes, and is claimable only once it is due."""
 
 import datetime as dt
+from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -52,8 +53,6 @@ def test_a_due_run_is_woken_once_and_resumes_after_the_sleep_without_sleeping_ag
     assert not Wait.objects.filter(run=run).exists()
     # The replaying worker's clock is past the wake time too.
     runner_now = wake_at + dt.timedelta(seconds=2)
-    from unittest import mock
-
     with mock.patch.object(timezone, "now", return_value=runner_now):
         run = run_once(Workflow.objects.get(id=run.id))
     assert (run.status, run.result) == ("completed", "after")
@@ -167,3 +166,44 @@ def test_a_bad_duration_is_refused_with_its_value(duration):
 def test_sleep_until_needs_an_aware_datetime():
     with pytest.raises(EverystepError, match="aware datetime"):
         waits.sleep_until(dt.datetime(2030, 1, 1))
+
+
+def test_a_wait_row_that_outlived_its_runs_wait_never_wakes_the_run():
+    # The wake is fenced on the run being waiting: a completed (or stopped, or
+    # running) run with a stray due wait row stays as it is, and the row goes.
+    done = run_once(schedule(w.naps, 0))
+    Wait.objects.create(run_id=done.id, step_id="2", kind="time", wake_at=timezone.now())
+    assert waits.wake_due(timezone.now() + dt.timedelta(seconds=1)) == (0, None)
+    assert Workflow.objects.get(id=done.id).status == "completed"
+    assert not Wait.objects.exists()
+
+
+def test_only_the_due_runs_are_woken_and_the_next_wake_time_is_reported():
+    soon, later = sleeping_run(60), sleeping_run(3600)
+    soon_at = Wait.objects.get(run=soon).wake_at
+    later_at = Wait.objects.get(run=later).wake_at
+    assert waits.wake_due(soon_at) == (1, later_at)
+    statuses = dict(Workflow.objects.values_list("id", "status"))
+    assert (statuses[soon.id], statuses[later.id]) == ("scheduled", "waiting")
+
+
+def test_a_run_waiting_anew_for_a_later_time_is_not_woken_by_its_old_wake_time():
+    run = sleeping_run(60)
+    old = Wait.objects.get(run=run)
+    # Between a waker's read and its lock, the run woke and waits again, later:
+    # the waker's read is stale.
+    Wait.objects.filter(id=old.id).update(wake_at=old.wake_at + LATER)
+    with mock.patch.object(waits, "_due_candidates", return_value=[run.id]):
+        assert waits.wake_due(old.wake_at + dt.timedelta(seconds=1))[0] == 0
+    assert Workflow.objects.get(id=run.id).status == "waiting"
+    assert Wait.objects.get(run=run).wake_at == old.wake_at + LATER
+
+
+def test_a_sleep_in_a_parallel_branch_makes_the_run_wait_and_the_fork_resumes_whole():
+    run = run_once(schedule(w.naps_in_a_branch, 3600))
+    assert run.status == "waiting"
+    assert Wait.objects.get(run=run).step_id == "1.0.1"
+    operations.wake_now(run.id)
+    run = run_once(Workflow.objects.get(id=run.id))
+    assert (run.status, list(run.result)) == ("completed", ["slept", "beside"])
+    assert w.effects == {"slept": 1, "beside": 1}

@@ -1,6 +1,8 @@
 """Sleeping runs under real worker threads: they hold no worker slot, and a
 due run is picked up by the worker's wake-up timer, not the next poll."""
 
+import signal
+
 import pytest
 from django.utils import timezone
 
@@ -53,3 +55,22 @@ def test_a_run_another_worker_put_to_sleep_is_woken_within_a_poll(start_worker):
     start_worker(name="b", pool_size=1, poll=0.1, listen=False)
     wait_for(lambda: statuses([run]) == ["completed"], what="b to wake the run")
     assert Workflow.objects.get(id=run.id).claimed_by == "b"
+
+
+def test_a_sleep_outlives_the_worker_process_that_put_the_run_to_sleep(spawn_worker):
+    # Worker a (a process) suspends the run and is killed: the run is waiting,
+    # claimed by no one, and worker b wakes and finishes it at its wake time.
+    run = schedule(w.naps, 3)
+    a = spawn_worker("a", "--pool", "1", "--poll", "0.1")
+    wait_for(lambda: statuses([run]) == ["waiting"], what="the run to sleep on a")
+    a.signal(signal.SIGKILL)
+    a.wait()
+    row = Workflow.objects.get(id=run.id)
+    assert (row.status, row.claimed_by) == ("waiting", None)
+    b = spawn_worker("b", "--pool", "1", "--poll", "0.1")
+    wait_for(lambda: statuses([run]) == ["completed"], what="b to wake and finish the run")
+    row = Workflow.objects.get(id=run.id)
+    assert (row.claimed_by, row.result) == ("b", "after")
+    assert row.completed_at >= row.steps.get(step_id="2").kwargs["wake_at"]
+    b.signal(signal.SIGTERM)
+    assert b.wait() == 0

@@ -77,3 +77,32 @@ def wakes_late(seconds):
     """Sleeps, then records when it woke (the benchmark's and the worker tests' probe)."""
     sleep(seconds)
     return now_iso()
+
+
+@workflow
+def shaped(nonce, ops):
+    """Runs ``ops`` in order: ``["step", label]`` records a step,
+    ``["sleep"]`` sleeps an hour, ``["event", key]`` waits for an event
+    (``["event", key, timeout]`` with a timeout, catching it)."""
+    out = []
+    for op in ops:
+        if op[0] == "step":
+            out.append(note(f"{nonce}:{op[1]}"))
+        elif op[0] == "sleep":
+            out.append(sleep(3600))
+        elif len(op) == 2:
+            out.append(wait_for_event(op[1]))
+        else:
+            try:
+                out.append(wait_for_event(op[1], timeout=op[2]))
+            except WaitTimeout:
+                out.append("timeout")
+    return out
+
+
+@workflow
+def naps_in_a_branch(seconds):
+    # parallel is imported here: the module's other workflows do not fork.
+    from everystep import parallel
+
+    return parallel(lambda: [sleep(seconds), note("slept")][1], lambda: note("beside"))
