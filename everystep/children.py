@@ -75,7 +75,8 @@ def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -
         if not list(owned.values_list("id", flat=True)):
             return None
         child, inserted = insert_run_once(Workflow, name, args, child_key(parent_id, step_id))
-        if not ChildRun.objects.filter(child_id=child.id).exists():
+        # A child found by its key (a later pass) was linked in the transaction that inserted it.
+        if inserted:
             ChildRun.objects.create(child_id=child.id, parent_id=parent_id, step_id=step_id)
     return child.id, inserted
 

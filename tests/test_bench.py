@@ -172,3 +172,9 @@ def test_the_summary_judges_each_figure_against_its_target():
         "step page, drawn (Chromium)": "MISS",
         "step page, HTML": "PASS",
     }
+
+
+def test_children(tmp_path):
+    figures = figures_of(tmp_path, "children.py", "--calls", "5", "--runs", "3", "--rounds", "1")
+    assert set(figures["ms"]) == {"start_child", "step", "child end", "plain end"}
+    assert {"start_child_vs_step", "child_end_vs_plain_end"} <= set(figures)
