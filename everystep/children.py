@@ -17,15 +17,13 @@ Invariants (what a crash at any line leaves behind):
 
 ``handle.result()`` is a wait of kind ``child`` (``everystep.waits``): the
 parent is ``waiting`` until the child ends. Every transaction that ends a
-child (:func:`finish_child`, and ``operations.stop_run``) wakes a parent
+child (:func:`finish_child`, and ``operations.stop_run``) wakes the runs
 waiting for it before it commits, so a crash leaves either both (the child
-ended, the parent scheduled) or neither. It locks the parent's row before the
-child's, the order the parent's suspension takes them in, so the two never
-deadlock and one of them always sees the other.
+ended, the parent scheduled) or neither; see :func:`wake_waiters` for why a
+parent suspending at that moment is never missed.
 """
 
 import hashlib
-import uuid
 from typing import Any
 
 from . import database
@@ -177,25 +175,22 @@ def child_outcome(child_id, *, lock: bool = False) -> tuple | None:
 # ---------------------------------------------------------------- the child's end
 
 
-def lock_parent(child_id) -> uuid.UUID | None:
-    """Lock the row of the run that started ``child_id`` (if any) and return
-    its id. Called first in every transaction that ends a child: the
-    suspending parent locks its own row before the child's, so taking them
-    in the same order never deadlocks."""
-    from .models import ChildRun, Workflow
+def wake_waiters(child_id) -> int:
+    """Wake every run waiting for ``child_id`` to end, in the caller's
+    transaction, which has just ended the child (its row is locked by that
+    UPDATE). That is its parent, and a fork of the parent made after the
+    call (it holds a copy of the call's row). Returns how many were woken.
 
-    parent_id = ChildRun.objects.filter(child_id=child_id).values_list("parent_id", flat=True).first()
-    if parent_id is not None:
-        list(Workflow.objects.select_for_update().filter(id=parent_id).values_list("id", flat=True))
-    return parent_id
-
-
-def wake_parent(parent_id, child_id) -> bool:
-    """Wake ``parent_id`` if it waits for ``child_id``, in the caller's
-    transaction (the one that ended the child)."""
+    The child's row is locked before any waiter's: a parent suspending
+    meanwhile locks its own row, then reads the child's with a lock, so it
+    either committed its wait before this read (found here) or reads the
+    child after this transaction (ended: it schedules itself)."""
     from . import waits
+    from .models import Wait
 
-    return parent_id is not None and waits.wake(parent_id, kind=WAIT_KIND, key=str(child_id))
+    key = str(child_id)
+    waiters = list(Wait.objects.filter(kind=WAIT_KIND, key=key).values_list("run_id", flat=True))
+    return sum(waits.wake(run_id, kind=WAIT_KIND, key=key) for run_id in waiters)
 
 
 def finisher(run):
@@ -207,16 +202,15 @@ def finisher(run):
 
 
 def finish_child(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
-    """``operations.finish_run`` for a child run: its end and its parent's
-    wake-up in one transaction, so a parent waiting for it is never left
-    waiting by a crash in between."""
+    """``operations.finish_run`` for a child run: its end and its waiting
+    parent's wake-up in one transaction, so a parent waiting for it is never
+    left waiting by a crash in between."""
     from . import operations
 
     with database.atomic():
-        parent_id = lock_parent(run_id)
         ended = operations.finish_run(run_id, claimer, status, result=result, error=error)
         if ended and status in ENDS:
-            wake_parent(parent_id, run_id)
+            wake_waiters(run_id)
     return ended
 
 

@@ -136,7 +136,6 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
     statuses = _allowed_from(run_id, expected_status, STOPPABLE, "stopped")
     reason = f"stopped by an operator ({actor})" if actor else "stopped by an operator"
     with database.atomic():
-        parent_id = children.lock_parent(run_id)  # before the run's row: see lock_parent
         updated = Workflow.objects.filter(id=run_id, status__in=statuses).update(
             status=Status.STOPPED,
             error=encode_exception(Terminal(reason)),
@@ -145,7 +144,7 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
         if not updated:
             raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
         Wait.objects.filter(run_id=run_id).delete()
-        children.wake_parent(parent_id, run_id)  # a parent waiting for it raises ChildStopped
+        children.wake_waiters(run_id)  # a parent waiting for it raises ChildStopped
         notify_control(run_id)
     return Workflow.objects.get(id=run_id)
 

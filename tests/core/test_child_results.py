@@ -185,3 +185,18 @@ def test_a_parent_stopped_while_waiting_and_retried_waits_for_the_same_child_aga
     run_once(child)
     parent = run_once(Workflow.objects.get(id=parent.id))
     assert parent.result == {"value": "child:h", "child": str(child.id)}
+
+
+def test_a_fork_holding_a_copy_of_the_call_is_woken_by_the_childs_end_too():
+    from everystep import history
+
+    parent, child = waiting_parent("ok", "i")
+    operations.stop_run(parent.id)
+    fork, _ = history.fork_from_step(parent.id, "3")  # copies the call (1) and the step after it (2)
+    fork = run_once(Workflow.objects.get(id=fork.id))
+    assert fork.status == "waiting"
+    assert Wait.objects.get(run_id=fork.id).key == str(child.id)  # the same child: no second one
+    assert Workflow.objects.filter(name="tests.core.child_workflows.child_of").count() == 1
+    run_once(child)
+    assert status_of(fork) == "scheduled"
+    assert run_once(Workflow.objects.get(id=fork.id)).result == {"value": "child:i", "child": str(child.id)}
