@@ -47,11 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from . import database, runner, serde, statements
+from . import database, observability, runner, serde, statements
 from .context import Outcome, current
 from .errors import EverystepError, Fenced, Suspended, WaitTimeout
 from .statuses import RunStatus as Status
@@ -418,7 +418,9 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
     with database.atomic():
         # The run row first, as every wait transition: a suspension racing this
         # send commits before or after it, never unseen by both.
-        if not Workflow.objects.select_for_update().filter(id=run_id).values_list("id", flat=True):
+        locked = Workflow.objects.select_for_update().filter(id=run_id)
+        workflow = locked.values_list("name", flat=True).first()
+        if workflow is None:
             raise EverystepError(f"run {run_id} does not exist")
         try:
             with database.atomic():  # a savepoint: a duplicate keeps the caller's transaction
@@ -426,6 +428,8 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
             stored = True
         except IntegrityError:
             stored = False
+        else:
+            transaction.on_commit(lambda: observability.event_sent(workflow), using=database.alias())
         wake(run_id, kind="event", key=key)
     return stored
 

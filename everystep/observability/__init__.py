@@ -151,6 +151,12 @@ def suspended(workflow: str, kind: str, runner: str) -> None:
         metrics.suspended(workflow, kind, runner)
 
 
+def event_sent(workflow: str) -> None:
+    """``send_event`` stored an event for a run of ``workflow`` (called on commit)."""
+    if metrics is not None:
+        metrics.event_sent(workflow)
+
+
 def woken(name: str, n: int) -> None:
     """The worker woke ``n`` waiting runs whose wake time came."""
     if metrics is not None and n:

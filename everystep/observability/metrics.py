@@ -96,6 +96,11 @@ children_started = Counter(
     "Child runs started with start_child, by the parent's workflow and the child's.",
     ["workflow", "child", "runner"],
 )
+events_sent = Counter(
+    "everystep_events_sent",
+    "Events stored by send_event (a repeated key is not counted), once the sending transaction committed.",
+    ["workflow"],
+)
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
 start_time = Gauge(
@@ -131,6 +136,10 @@ def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: 
 
 def suspended(workflow: str, kind: str, runner: str) -> None:
     runs_suspended.labels(workflow, kind, runner).inc()
+
+
+def event_sent(workflow: str) -> None:
+    events_sent.labels(workflow).inc()
 
 
 def woken(name: str, n: int) -> None:
@@ -192,7 +201,7 @@ def database_families():
 
     from ..models import Workflow
 
-    shown = [RunStatus.SCHEDULED, RunStatus.RUNNING, RunStatus.BLOCKED]
+    shown = [RunStatus.SCHEDULED, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.WAITING]
     counts = dict(
         Workflow.objects.filter(status__in=shown)  # the status index
         .order_by()
@@ -201,7 +210,8 @@ def database_families():
     )
     runs = GaugeMetricFamily(
         "everystep_runs",
-        "Runs in a non-terminal status (scheduled = pending) or blocked, read at scrape time.",
+        "Runs in a non-terminal status (scheduled = pending, waiting = asleep or awaiting an event) "
+        "or blocked, read at scrape time.",
         labels=["status"],
     )
     for status in shown:

@@ -33,6 +33,23 @@ def test_a_suspension_is_counted_by_workflow_kind_and_runner():
     assert value("everystep_runs_suspended_total", workflow=awaits, kind="event", runner=runner) == 1
 
 
+def test_an_event_is_counted_once_its_send_commits():
+    from django.db import transaction
+
+    from everystep import database
+
+    awaits = "tests.waits.workflows.awaits"
+    before = value("everystep_events_sent_total", workflow=awaits)
+    run = run_once(schedule(w.awaits, "k", None))
+    with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
+        waits.send_event(run.id, "k", 1)
+        raise RuntimeError("rolled back")
+    assert value("everystep_events_sent_total", workflow=awaits) == before
+    waits.send_event(run.id, "k", 1)
+    waits.send_event(run.id, "k", 2)  # a repeated key stores nothing
+    assert value("everystep_events_sent_total", workflow=awaits) == before + 1
+
+
 def test_the_worker_counts_the_runs_it_woke():
     name = f"worker-{uuid.uuid4().hex[:8]}"
     run = run_once(schedule(w.naps, 0.2))

@@ -7,10 +7,10 @@ import threading
 from unittest import mock
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from everystep import runner, waits
+from everystep import database, runner, waits
 from everystep.api import schedule
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Event, Step, Wait, Workflow
@@ -75,7 +75,7 @@ def test_an_event_of_another_key_does_not_wake_the_run():
 
 def test_a_send_is_rolled_back_with_the_callers_transaction():
     run = waiting_run()
-    with pytest.raises(RuntimeError), transaction.atomic():
+    with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
         waits.send_event(run.id, "approved", 1)
         raise RuntimeError("the caller's transaction fails")
     assert not Event.objects.exists()
@@ -85,7 +85,7 @@ def test_a_send_is_rolled_back_with_the_callers_transaction():
 
 def test_a_send_inside_a_committed_transaction_wakes_the_run():
     run = waiting_run()
-    with transaction.atomic():
+    with transaction.atomic(using=database.alias()):  # the transaction on everystep's database
         waits.send_event(run.id, "approved", 7)
     assert resume(run).result == 7
 
@@ -199,7 +199,7 @@ def test_sends_racing_suspensions_on_real_threads_lose_no_wake_up(start_worker):
             for run_id in set(started) - sent:
                 waits.send_event(run_id, "go", str(run_id))
                 sent.add(run_id)
-        connection.close()
+        connections.close_all()  # this thread's connections, to both databases when split
 
     thread = threading.Thread(target=sender)
     thread.start()

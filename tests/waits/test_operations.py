@@ -98,3 +98,24 @@ def test_the_commands_wake_a_run_and_send_an_event(capsys):
         call_command("everystep_send_event", str(waiter.id), "k", "--value", "{nope")
     with pytest.raises(CommandError, match="only a waiting run can be woken"):
         call_command("everystep_wake", str(waiter.id))
+
+
+def test_a_rerun_keeps_a_stopped_runs_wait_as_a_wait_not_as_an_uncertain_step():
+    from everystep import history
+
+    # Branch 0 sleeps (1.0.1 started); branch 1 recorded its step (1.1.1) first
+    # (written here: which branch gets there first is the threads' race).
+    run = run_once(schedule(w.naps_in_a_branch, 3600))
+    wake_at = Wait.objects.get(run=run).wake_at
+    Step.objects.get_or_create(
+        workflow_id=run.id, step_id="1.1.1",
+        defaults={"name": "tests.waits.workflows.note", "status": "done", "result": "beside"},
+    )
+    operations.stop_run(run.id)
+    cut = history.rerun_preview(run.id, "1.1.1")
+    assert [row.step_id for row in cut.discarded] == ["1.1.1"]
+    assert cut.uncertain == ()  # the kept sleep is no uncertain effect
+    history.rerun_from_step(run.id, "1.1.1")
+    run = run_once(Workflow.objects.get(id=run.id))
+    assert run.status == "waiting"  # at the same sleep, until the same time
+    assert Wait.objects.get(run=run).wake_at == wake_at
