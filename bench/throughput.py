@@ -71,7 +71,10 @@ def everystep_round(runs: int, workers: int, pool: int, poll: float, logdir: Pat
     from everystep.models import Step, Workflow
 
     with connection.cursor() as cursor:  # a clean table for every round
-        cursor.execute("TRUNCATE everystep_run_fork, everystep_step, everystep_workflow")
+        cursor.execute(
+            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
+            "everystep_workflow"
+        )
     with transaction.atomic():
         for _ in range(runs):
             schedule(ten_steps)

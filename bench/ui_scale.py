@@ -103,7 +103,10 @@ def load(runs: int, *, reload: bool) -> str:
         print(f"ui_scale: loading {runs} runs and {2 * runs} steps...")
         started = time.perf_counter()
         cursor.execute("DROP TABLE IF EXISTS bench_ui_load")
-        cursor.execute("TRUNCATE everystep_run_fork, everystep_step, everystep_workflow")
+        cursor.execute(
+            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
+            "everystep_workflow"
+        )
         cursor.execute("SET synchronous_commit = off")
         now_ms = int(time.time() * 1000)
         spacing = DAYS * 86_400_000 / runs

@@ -15,8 +15,16 @@ __all__ = [
     "step",
     "parallel",
     "schedule",
+    "start_child",
     "Terminal",
     "EverystepError",
+    "sleep",
+    "sleep_until",
+    "wait_for_event",
+    "send_event",
+    "WaitTimeout",
+    "ChildFailed",
+    "ChildStopped",
 ]
 
 _LAZY = {
@@ -24,8 +32,16 @@ _LAZY = {
     "step": "everystep.api",
     "parallel": "everystep.api",
     "schedule": "everystep.api",
+    "start_child": "everystep.api",
     "Terminal": "everystep.api",
     "EverystepError": "everystep.errors",
+    "sleep": "everystep.waits",
+    "sleep_until": "everystep.waits",
+    "wait_for_event": "everystep.waits",
+    "send_event": "everystep.waits",
+    "WaitTimeout": "everystep.errors",
+    "ChildFailed": "everystep.errors",
+    "ChildStopped": "everystep.errors",
 }
 
 

@@ -60,3 +60,47 @@ class Terminal(EverystepError):
 
     def __str__(self):
         return str(self.reason)
+
+
+class WaitTimeout(EverystepError):
+    """Raised at :func:`~everystep.wait_for_event` when its timeout passed
+    before the event was sent (or an operator woke the run with
+    ``wake_now``). Recorded as the wait step's outcome, so replay raises it
+    again; the body may catch it and go on."""
+
+
+class Suspended(EverystepError):
+    """Internal: the run stops at a wait (``waiting``) and leaves its worker.
+    ``waiting`` is the :class:`everystep.waits.Waiting` it stops at."""
+
+    def __init__(self, waiting):
+        super().__init__(f"run waits at step {waiting.step_id} ({waiting.kind})")
+        self.waiting = waiting
+
+
+class ChildRunError(EverystepError):
+    """Base of what ``handle.result()`` raises in a parent when its child run
+    did not complete. ``child_id`` is the child's run id, ``error`` the
+    child's stored error (``{"type", "message", "args"}``), and
+    ``exception()`` rebuilds the child's own exception from it."""
+
+    def __init__(self, message, child_id=None, error=None):
+        super().__init__(message, child_id, error)
+        self.child_id = child_id
+        self.error = error
+
+    def __str__(self):
+        return str(self.args[0])
+
+    def exception(self) -> BaseException:
+        from .serde import decode_exception
+
+        return decode_exception(self.error or {})
+
+
+class ChildFailed(ChildRunError):
+    """The child run ended ``failed`` (or was deleted before it ended)."""
+
+
+class ChildStopped(ChildRunError):
+    """The child run ended ``stopped``: a ``Terminal`` or an operator's Stop."""

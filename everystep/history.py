@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from . import database, registry
+from . import database, registry, waits
 from .errors import EverystepError
 from .models import RunFork, Step, Workflow
 from .operations import _allowed_from, _refusal, parse_run_id
@@ -217,7 +217,9 @@ def _cut(run_id, status: str, step_id: str) -> Cut:
             why = f"branch {'.'.join(other[: i + 1])} runs alongside branch {'.'.join(at[: i + 1])}: kept"
             alongside.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
         kept.append(pk)
-        if row_status == Step.Status.STARTED:
+        # A wait's started row is no uncertain effect: the run waits there again,
+        # until the wake time or for the event it recorded.
+        if row_status == Step.Status.STARTED and not waits.is_wait_step(name):
             why = "kept as started: its outcome was never recorded, so the run blocks there"
             uncertain.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
     return Cut(

@@ -1,5 +1,5 @@
 """The tables: one row per run, one row per executed step, one row per worker
-(its heartbeat)."""
+(its heartbeat), and the links of forks and child runs."""
 
 import datetime as dt
 
@@ -99,6 +99,8 @@ class Workflow(models.Model):
             ("requeue_workflow", "Can requeue a running run"),
             ("rerun_workflow", "Can re-run a run from a step"),
             ("fork_workflow", "Can fork a run from a step"),
+            ("wake_workflow", "Can wake a waiting run now"),
+            ("send_event_workflow", "Can send an event to a waiting run"),
         ]
 
     def __str__(self):
@@ -182,6 +184,38 @@ class RunFork(models.Model):
         return f"{self.run_id} forked from {self.origin_id} at step {self.origin_step_id}"
 
 
+class ChildRun(models.Model):
+    """Which run started a run: one row per run made by
+    :func:`~everystep.start_child`, keyed by that child run.
+
+    ``parent`` is the run whose body called ``start_child``, ``step_id`` the
+    dotpath of that call in the parent (unique per parent: one child per
+    call). Deleting either run (e.g. pruning it) deletes the link, never the
+    other run. An additive table: the two tables above keep their columns.
+    """
+
+    child = models.OneToOneField(
+        Workflow, primary_key=True, on_delete=models.CASCADE, related_name="parent_link"
+    )
+    # No index of its own: the unique (parent, step_id) index serves a parent's lookups.
+    parent = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="child_links", db_index=False
+    )
+    step_id = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_child"
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "step_id"], name="everystep_child_parent_step_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.child_id} started by {self.parent_id} at step {self.step_id}"
+
+
 class HeartbeatQuerySet(models.QuerySet):
     """Ages are measured by the database's clock, which also wrote ``last_seen``:
     clock skew between machines never makes a live worker look stale."""
@@ -234,3 +268,69 @@ class Heartbeat(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class Wait(models.Model):
+    """What a ``waiting`` run waits for: one row per wait step it stopped at
+    (:mod:`everystep.waits`), deleted when the run is woken.
+
+    ``step_id`` is the wait's step (its ``started`` row in ``everystep_step``);
+    ``kind`` is ``time`` (a sleep) or ``event`` (``wait_for_event``; ``key``
+    names the event), with room for more kinds; ``wake_at`` is when the run
+    becomes claimable again (a sleep's end, an event wait's timeout; ``NULL``
+    for an event wait without a timeout). An additive table.
+    """
+
+    class Kind(models.TextChoices):
+        TIME = "time"
+        EVENT = "event"
+        CHILD = "child"  # handle.result() of a child run (everystep.children); key: its run id
+
+    run = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="waits", db_index=False)
+    step_id = models.CharField(max_length=300)
+    kind = models.CharField(max_length=16, choices=Kind)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_wait"
+        ordering = ["wake_at"]
+        indexes = [
+            # The worker loop's "what is due" and "when is the next one due".
+            models.Index(fields=["wake_at"], name="everystep_wait_wake_idx"),
+            # send_event's "is this run waiting for this key".
+            models.Index(fields=["key"], name="everystep_wait_key_idx"),
+        ]
+        constraints = [
+            # Also serves every lookup by run.
+            models.UniqueConstraint(fields=["run", "step_id"], name="everystep_wait_run_step_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.run_id} waits at {self.step_id} ({self.kind})"
+
+
+class Event(models.Model):
+    """An event sent to a run (:func:`everystep.send_event`): one row per
+    ``(run, key)``, kept whether or not the run waits for it yet; the first
+    value sent for a key is the one served. An additive table."""
+
+    run = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="events", db_index=False)
+    key = models.CharField(max_length=255)
+    value = EverystepJSONField(null=True, blank=True)
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_event"
+        ordering = ["sent_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], name="everystep_event_run_key_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.run_id} event {self.key}"

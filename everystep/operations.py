@@ -13,9 +13,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import database, registry, statements
+from . import children, database, registry, statements, waits
 from .errors import EverystepError, StepFailure, Terminal
-from .models import Heartbeat, Step, Workflow
+from .models import Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
 
@@ -78,7 +78,10 @@ def resolve_step(
             raise EverystepError(
                 f"run {run_id} is {run.status}, not blocked: only a blocked run can be resolved"
             )
-        started = Step.objects.filter(workflow=run, status=Step.Status.STARTED)
+        # A wait's started row is not an effect to settle: wake_now ends a wait.
+        started = Step.objects.filter(workflow=run, status=Step.Status.STARTED).exclude(
+            name__in=waits.WAIT_STEP_NAMES
+        )
         step = started.filter(step_id=step_id).first()
         if step is None:
             ids = ", ".join(started.values_list("step_id", flat=True)) or "none"
@@ -103,7 +106,7 @@ def resolve_step(
 
 # ---------------------------------------------------------------- operator transitions
 
-STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED)
+STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED, Status.WAITING)
 RETRYABLE = (Status.FAILED, Status.STOPPED)
 REQUEUEABLE = (Status.RUNNING,)
 
@@ -120,7 +123,10 @@ class DiscardedStep:
 
 
 def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = None) -> Workflow:
-    """``scheduled``/``running``/``blocked`` -> ``stopped``, with an encoded ``Terminal``.
+    """``scheduled``/``running``/``blocked``/``waiting`` -> ``stopped``, with an encoded ``Terminal``.
+
+    A waiting run's wait rows are deleted with it: it never wakes (a retry
+    replays its wait, with the wake time recorded on the first pass).
 
     A worker running the run starts no further step: on PostgreSQL it hears a
     NOTIFY and leaves at the next step boundary; elsewhere its next step write
@@ -137,6 +143,8 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
         )
         if not updated:
             raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
+        Wait.objects.filter(run_id=run_id).delete()
+        children.wake_waiters(run_id)  # a parent waiting for it raises ChildStopped
         notify_control(run_id)
     return Workflow.objects.get(id=run_id)
 
@@ -211,9 +219,62 @@ def requeue_run(
                     f"run {run_id} moved on: it is running under {claimer} now, not "
                     f"{expected_claimer}; nothing was changed"
                 )
-            raise _refusal(run_id, expected_status, REQUEUEABLE, "requeued")
+            refusal = _refusal(run_id, expected_status, REQUEUEABLE, "requeued")
+            if f"is {Status.WAITING}:" in str(refusal):
+                refusal = EverystepError(f"{refusal} (a waiting run holds no worker: wake it with wake_now)")
+            raise refusal
         notify_control(run_id)
         notify_scheduled()
+    return Workflow.objects.get(id=run_id)
+
+
+def wake_now(run_id, *, actor: str | None = None) -> Workflow:
+    """``waiting`` -> ``scheduled`` at once, its wait ended as if its time had come.
+
+    The wait's step is recorded here, in the same transaction, so that the
+    replay serves it: a sleep (``sleep``, ``sleep_until``) returns ``None``
+    as it would at its wake time; an event wait with a timeout raises
+    :class:`~everystep.errors.WaitTimeout` (its message names the operator),
+    as it would at its timeout. An event that comes later is kept but no
+    longer served to that wait. Refuses, changing nothing, a run that is not
+    waiting and a run waiting for an event without a timeout (send it the
+    event instead: :func:`everystep.send_event`).
+    """
+    from .errors import WaitTimeout
+    from .models import Wait
+
+    run_id = parse_run_id(run_id)
+    who = f" ({actor})" if actor else ""
+    with database.atomic():
+        locked = Workflow.objects.select_for_update().filter(id=run_id)
+        status = locked.values_list("status", flat=True).first()
+        if status is None:
+            raise EverystepError(f"run {run_id} does not exist")
+        if status != Status.WAITING:
+            raise EverystepError(
+                f"run {run_id} is {status}: only a waiting run can be woken; nothing was changed"
+            )
+        pending = list(Wait.objects.filter(run_id=run_id))
+        for wait in pending:
+            if wait.kind == Wait.Kind.EVENT and wait.wake_at is None:
+                raise EverystepError(
+                    f"run {run_id} waits for event {wait.key!r} without a timeout: send it the event "
+                    "(send_event) instead; nothing was changed"
+                )
+            if wait.kind not in (Wait.Kind.TIME, Wait.Kind.EVENT):
+                raise EverystepError(
+                    f"run {run_id} waits for a {wait.kind}, which only its end wakes; nothing was changed"
+                )
+        for wait in pending:
+            if wait.kind == Wait.Kind.TIME:
+                changes = {"status": Step.Status.DONE, "result": None}
+            else:
+                timeout = WaitTimeout(f"woken by an operator{who} before event {wait.key!r} came")
+                changes = {"status": Step.Status.FAILED, "error": encode_exception(timeout)}
+            Step.objects.filter(workflow_id=run_id, step_id=wait.step_id, status=Step.Status.STARTED).update(
+                **changes
+            )
+        waits.wake(run_id)
     return Workflow.objects.get(id=run_id)
 
 

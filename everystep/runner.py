@@ -22,7 +22,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from django.db import connections as db_connections
 
-from . import database, observability, registry, serde, statements
+from . import children, database, observability, registry, serde, statements
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -30,6 +30,7 @@ from .errors import (
     EverystepError,
     Fenced,
     SimulatedCrash,
+    Suspended,
     Terminal,
     WorkflowCodeError,
 )
@@ -111,6 +112,13 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
     if isinstance(outcome, Fenced):
         logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
         return None
+    if isinstance(outcome, Suspended):
+        from . import waits
+
+        status = database.reconnecting(waits.suspend_run, run.id, state.claimer, outcome.waiting)
+        if status is not None:
+            observability.suspended(run.name, outcome.waiting.kind, state.claimer)
+        return status
     if isinstance(outcome, DrainOrphan):
         database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
@@ -142,13 +150,11 @@ def _end(
     run, claimer, status, *, result=None, exc: BaseException | None = None, error: dict | None = None
 ) -> str | None:
     """End the run; ``error`` is the stored form of ``exc`` when it needs more than its encoding."""
-    from . import operations
 
     if error is None and exc is not None:
         error = serde.encode_exception(exc)
-    if database.reconnecting(
-        operations.finish_run, run.id, claimer, status, result=result, error=error
-    ):
+    # A child's end also wakes its waiting parent; only a child pays for that.
+    if database.reconnecting(children.finisher(run), run.id, claimer, status, result=result, error=error):
         if status == Status.FAILED and observer is not None:
             observer.run_failed(run, claimer, exc)  # once: only one guarded update matches
         return status
@@ -372,6 +378,42 @@ def _guarded_db(state: RunState, func, *args):
         state.halt_with(exc)
 
 
+# ---------------------------------------------------------------- child runs
+
+
+def start_child(spec: registry.Spec, args: tuple, everystep_id: str | None) -> children.ChildHandle:
+    """Start a child run, recorded like a step: its row (``done``, the child's
+    run id) is served on replay. The child is inserted and linked in one
+    fenced transaction under a key derived from this call, then the fault hook
+    runs, then the row is written: a crash in between finds the same child."""
+    ctx = current()
+    children.check_inside_body(ctx, spec.name)
+    state = ctx.state
+    state.check()
+    step_id = ctx.next_id(everystep_id)
+    recorded = state.store.get(step_id)
+    if recorded is not None:
+        _check_same_function(state, step_id, spec, recorded)
+        return children.ChildHandle(_serve_recorded(state, recorded), spec.name)
+    row = _StepRow(state, step_id, spec, args, {}, started=False)
+    started = _guarded_db(
+        state, children.insert_child, state.workflow_id, state.claimer, step_id, spec.name, list(args)
+    )
+    if started is None:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; its child at step {step_id} was not started"
+            )
+        )
+    child_id, inserted = started
+    if inserted:
+        observability.child_started(state.name, spec.name, state.claimer, step_id, child_id)
+    _fault(ctx, step_id)
+    _record(row, StepStatus.DONE, result=child_id, stored_result=serde.encode(child_id))
+    return children.ChildHandle(child_id, spec.name)
+
+
 # ---------------------------------------------------------------- parallel
 
 
@@ -432,7 +474,7 @@ def _gather(callables, contexts, state: RunState | None, wrap_branch: Callable |
     if not failed:
         return tuple(results)
     for exc in failed:
-        if isinstance(exc, Terminal | DrainOrphan | EffectUncertain | SimulatedCrash):
+        if isinstance(exc, Terminal | DrainOrphan | EffectUncertain | SimulatedCrash | Suspended):
             raise exc
     if len(failed) == 1:
         raise failed[0]

@@ -8,7 +8,10 @@ class RunStatus(models.TextChoices):
     """A run's status: ``scheduled`` -> ``running`` -> ``completed``, ``failed``,
     ``stopped`` (a ``Terminal``, or an operator's Stop) or ``blocked`` (an
     unsafe-to-repeat step's outcome is uncertain). A drain or a requeue puts a
-    ``running`` run back to ``scheduled``."""
+    ``running`` run back to ``scheduled``. A ``running`` run that sleeps or
+    waits for an event leaves its worker as ``waiting`` (no worker slot, no
+    connection) and is put back to ``scheduled`` when it is due
+    (:mod:`everystep.waits`)."""
 
     SCHEDULED = "scheduled"
     RUNNING = "running"
@@ -16,6 +19,7 @@ class RunStatus(models.TextChoices):
     FAILED = "failed"
     STOPPED = "stopped"
     BLOCKED = "blocked"
+    WAITING = "waiting"
 
     @classmethod
     def terminal_values(cls):

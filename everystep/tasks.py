@@ -67,6 +67,7 @@ STATUSES = {
     RunStatus.FAILED: TaskResultStatus.FAILED,
     RunStatus.STOPPED: TaskResultStatus.FAILED,
     RunStatus.BLOCKED: TaskResultStatus.FAILED,
+    RunStatus.WAITING: TaskResultStatus.RUNNING,  # asleep or awaiting an event, mid-run
 }
 
 

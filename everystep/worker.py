@@ -38,7 +38,19 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde
+from . import (
+    children,
+    claims,
+    cron,
+    database,
+    heartbeats,
+    observability,
+    operations,
+    registry,
+    runner,
+    serde,
+    waits,
+)
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -191,6 +203,7 @@ class Worker:
         # of ours went through). Set a limit ahead after we lost the database.
         self._judge_from: float | None = 0.0
         self._cron: cron.CronStarter | None = None  # made by run(), from the registered schedules
+        self._next_wake = 0.0  # time.monotonic() of the next look for due waiting runs
 
     # ------------------------------------------------------------ public
 
@@ -307,11 +320,40 @@ class Worker:
                     continue
                 for run in claimed:
                     self._submit(executor, run)
+            # After claiming, so that a NOTIFYed run is not held up by it; a run
+            # woken here is claimed by the next turn, at once.
+            wake_in, woken = self._wake_due()
+            if woken:
+                continue
             if self.stop_when_idle and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
-            # slot, a NOTIFY, stop(), the poll interval, a heartbeat or the next cron slot.
-            self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in)))
+            # slot, a NOTIFY, stop(), the poll interval, a heartbeat, the next cron
+            # slot or the next wake time of a waiting run.
+            self._waker.wait(max(0.0, min(self._cron.timeout(self.poll), due_in, wake_in)))
+
+    def _wake_due(self) -> tuple[float, int]:
+        """Wake the waiting runs whose time has come, when a look is due; returns
+        the seconds until the next look (the next wake time, at most one poll
+        interval away: a run suspended by another worker is seen by then) and
+        how many runs it woke."""
+        now = time.monotonic()
+        if now < self._next_wake:
+            return self._next_wake - now, 0
+        self._next_wake = now + self.poll
+        try:
+            woken, upcoming = waits.wake_due()
+        except DatabaseError as exc:
+            logger.warning("worker %r: cannot wake due waiting runs (%s)", self.name, exc)
+            database.close_quietly()
+            return self.poll, 0
+        if woken:
+            logger.debug("worker %r woke %d waiting run(s)", self.name, woken)
+            observability.woken(self.name, woken)
+        if upcoming is not None:
+            until = (upcoming - timezone.now()).total_seconds()
+            self._next_wake = min(self._next_wake, now + max(0.0, until))
+        return self._next_wake - time.monotonic(), woken
 
     # ------------------------------------------------------------ heartbeat and recovery
 
@@ -399,6 +441,8 @@ class Worker:
         began = time.monotonic()
         try:
             status = runner.execute(run, self.name, leave_check=slot.leave_check, watch=slot.watch)
+            if status == Status.WAITING:
+                self._next_wake = 0.0  # its wake time may come before the next look
             if status is None:
                 self._after_leaving(slot)
             else:
@@ -413,7 +457,7 @@ class Worker:
             logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
             self._quietly(
                 database.reconnecting,
-                operations.finish_run,
+                children.finisher(run),  # a child's end wakes its waiting parent
                 run.id,
                 self.name,
                 Status.FAILED,
@@ -432,6 +476,9 @@ class Worker:
             return  # spares the error's query below
         if status == Status.SCHEDULED:
             logger.info("run %s %s requeued after %.2fs", run.id, run.name, seconds)
+            return
+        if status == Status.WAITING:
+            logger.info("run %s %s waiting after %.2fs", run.id, run.name, seconds)
             return
         why, error = "", None
         if status != Status.COMPLETED:

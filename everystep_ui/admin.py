@@ -138,6 +138,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def has_fork_permission(self, request, obj=None):
         return request.user.has_perm(f"{self.opts.app_label}.fork_workflow")
 
+    def has_wake_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.wake_workflow")
+
+    def has_send_event_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.send_event_workflow")
+
     def action_buttons(self, request, run):
         return available(request, self, run)
 

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from everystep import registry
+from everystep import registry, waits
 
 STATUS_LABELS = {
     "executing": "running now",
@@ -18,6 +18,7 @@ STATUS_LABELS = {
     "failed": "failed",
     "uncertain": "started (uncertain)",
     "in_flight": "in flight",
+    "waiting": "waiting",
     "pending": "pending",
 }
 
@@ -59,9 +60,12 @@ class StepTree:
     step_url: str = ""
 
 
-def step_status(row_status: str, run_status: str) -> str:
+def step_status(row_status: str, run_status: str, name: str = "") -> str:
     """A ``started`` row is an unsafe step whose outcome is not recorded yet:
-    in flight while its run runs, uncertain once the run has stopped running."""
+    in flight while its run runs, uncertain once the run has stopped running.
+    A wait's ``started`` row (a sleep, an event wait) is where the run waits."""
+    if row_status == "started" and waits.is_wait_step(name):
+        return "in_flight" if run_status == "running" else "waiting"
     if row_status == "started":
         return "in_flight" if run_status == "running" else "uncertain"
     return row_status
@@ -83,7 +87,7 @@ def build_tree(
         node = _node_at(top, row.step_id)
         node.step_pk = row.id
         node.name = row.name
-        node.status = step_status(row.status, run_status)
+        node.status = step_status(row.status, run_status, row.name)
         counts[node.status] += 1
     for step_id, name in intended:
         node = _node_at(top, step_id)

@@ -110,6 +110,15 @@ def test_pickup_with_and_without_notify(tmp_path):
     assert figures["notify"]["runs"] == figures["poll"]["runs"] == 3
 
 
+def test_waits(tmp_path):
+    figures = figures_of(
+        tmp_path, "waits.py", "--sleepers", "50", "--due", "5", "--window", "1", "--events", "3",
+        "--quick", "5",
+    )
+    assert (figures["sleepers"], figures["due"]) == (50, 5)
+    assert {"lateness_p50_ms", "event_p50_ms", "capacity_ratio"} <= set(figures)
+
+
 def test_ui_pages(tmp_path):
     figures = figures_of(tmp_path, "ui_scale.py", "--runs", "200", "--requests", "1")
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
@@ -163,3 +172,9 @@ def test_the_summary_judges_each_figure_against_its_target():
         "step page, drawn (Chromium)": "MISS",
         "step page, HTML": "PASS",
     }
+
+
+def test_children(tmp_path):
+    figures = figures_of(tmp_path, "children.py", "--calls", "5", "--runs", "3", "--rounds", "1")
+    assert set(figures["ms"]) == {"start_child", "step", "child end", "plain end"}
+    assert {"start_child_vs_step", "child_end_vs_plain_end"} <= set(figures)

@@ -81,6 +81,26 @@ cron_start_delay = Histogram(
     ["workflow", "runner"],
     buckets=CRON_BUCKETS,
 )
+runs_suspended = Counter(
+    "everystep_runs_suspended",
+    "Runs that left their worker as waiting (a durable sleep, an event or child run wait), by kind of wait.",
+    ["workflow", "kind", "runner"],
+)
+runs_woken = Counter(
+    "everystep_runs_woken",
+    "Waiting runs a worker put back to scheduled because their wake time came.",
+    ["runner"],
+)
+children_started = Counter(
+    "everystep_children_started",
+    "Child runs started with start_child, by the parent's workflow and the child's.",
+    ["workflow", "child", "runner"],
+)
+events_sent = Counter(
+    "everystep_events_sent",
+    "Events stored by send_event (a repeated key is not counted), once the sending transaction committed.",
+    ["workflow"],
+)
 pool_size = Gauge("everystep_worker_pool_size", "Runs a worker executes at once at most.", ["runner"])
 runs_in_flight = Gauge("everystep_worker_in_flight", "Runs a worker is executing now.", ["runner"])
 start_time = Gauge(
@@ -112,6 +132,22 @@ def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: 
         series = _step_series[key] = (steps_executed.labels(*key), step_duration.labels(*key))
     series[0].inc()
     series[1].observe(seconds)
+
+
+def suspended(workflow: str, kind: str, runner: str) -> None:
+    runs_suspended.labels(workflow, kind, runner).inc()
+
+
+def event_sent(workflow: str) -> None:
+    events_sent.labels(workflow).inc()
+
+
+def woken(name: str, n: int) -> None:
+    runs_woken.labels(name).inc(n)
+
+
+def child_started(workflow: str, child: str, runner: str) -> None:
+    children_started.labels(workflow, child, runner).inc()
 
 
 def worker_started(name: str, size: int) -> None:
@@ -165,7 +201,7 @@ def database_families():
 
     from ..models import Workflow
 
-    shown = [RunStatus.SCHEDULED, RunStatus.RUNNING, RunStatus.BLOCKED]
+    shown = [RunStatus.SCHEDULED, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.WAITING]
     counts = dict(
         Workflow.objects.filter(status__in=shown)  # the status index
         .order_by()
@@ -174,7 +210,8 @@ def database_families():
     )
     runs = GaugeMetricFamily(
         "everystep_runs",
-        "Runs in a non-terminal status (scheduled = pending) or blocked, read at scrape time.",
+        "Runs in a non-terminal status (scheduled = pending, waiting = asleep or awaiting an event) "
+        "or blocked, read at scrape time.",
         labels=["status"],
     )
     for status in shown:

@@ -1,7 +1,8 @@
 """OpenTelemetry traces (``everystep[otel]``), through the API only.
 
 One span per run pass, named after the workflow; one child span per executed
-step (replayed steps make none), named after the step function; one span per
+step (replayed steps make none), named after the step function; one per wait
+reached (``everystep.sleep``, ``everystep.wait_for_event``); one span per
 ``parallel`` fork, whose branch threads carry its context so their step spans
 nest under it. A run span is in error only when the run ended ``failed``;
 a step or fork span only for a real failure, never for ``Terminal``, a
@@ -18,12 +19,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from ..errors import DrainOrphan, EffectUncertain, SimulatedCrash, Terminal
+from ..errors import DrainOrphan, EffectUncertain, SimulatedCrash, Suspended, Terminal
 
 # A proxy until the project sets its provider, then that provider's tracer.
 tracer = trace.get_tracer("everystep")
 
-_CONTROL = (Terminal, EffectUncertain, DrainOrphan, SimulatedCrash)
+_CONTROL = (Terminal, EffectUncertain, DrainOrphan, SimulatedCrash, Suspended)
 _NOT_RECORDED = "not_recorded"  # the run's end was not written (fenced, simulated crash)
 
 
@@ -63,6 +64,17 @@ def run_failed(exc: BaseException) -> None:
     _fail(trace.get_current_span(), exc)
 
 
+def child_started(step_id: str, child: str, child_id) -> None:
+    """An event on the run's span: the parent's trace names each child it
+    started (the child's own run span carries its run id)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        attributes = {
+            "everystep.step_id": step_id, "everystep.workflow": child, "everystep.run_id": str(child_id),
+        }
+        span.add_event("everystep.child_started", attributes)
+
+
 def recording() -> bool:
     """Whether the current span records: steps and forks make spans only then."""
     return trace.get_current_span().is_recording()
@@ -74,7 +86,8 @@ def _child_span(name: str, attributes: dict):
         try:
             yield span
         except BaseException as exc:
-            span.set_attribute("everystep.outcome", "failed")
+            # A wait that suspends the run ends its span as "waiting": the run goes on later.
+            span.set_attribute("everystep.outcome", "waiting" if isinstance(exc, Suspended) else "failed")
             if not isinstance(exc, _CONTROL):
                 _fail(span, exc)
             raise
@@ -88,6 +101,20 @@ def step_span(state, step_id: str, spec):
         "everystep.run_id": str(state.workflow_id),
     }
     return _child_span(spec.name, attributes)
+
+
+def wait_span(state, step_id: str, name: str, kind: str, key: str | None):
+    """A sleep or an event wait reached (not one served on replay): its outcome is
+    ``done``, ``failed`` (a timeout) or ``waiting`` (the run left its worker)."""
+    attributes = {
+        "everystep.step_id": step_id,
+        "everystep.step": name,
+        "everystep.run_id": str(state.workflow_id),
+        "everystep.wait_kind": kind,
+    }
+    if key is not None:
+        attributes["everystep.event_key"] = key
+    return _child_span(name, attributes)
 
 
 def fork_span(state, fork_id: str):

@@ -143,15 +143,16 @@ def db_gauges(samples):
 @pytest.mark.urls("tests.observability.urls")
 def test_metrics_view_reads_the_run_counts_from_the_database_at_scrape_time(client):
     runs, oldest = db_gauges(scrape(client.get("/metrics").content.decode()))
-    assert runs == {"scheduled": 0, "running": 0, "blocked": 0} and oldest == 0
+    assert runs == {"scheduled": 0, "running": 0, "blocked": 0, "waiting": 0} and oldest == 0
     hour_ago = timezone.now() - dt.timedelta(hours=1)
     Workflow.objects.create(name="a.flow", created_at=hour_ago)
     Workflow.objects.create(name="a.flow")
     Workflow.objects.create(name="a.flow", status="running", claimed_by="w1")
     Workflow.objects.create(name="a.flow", status="blocked", created_at=hour_ago - dt.timedelta(hours=1))
+    Workflow.objects.create(name="a.flow", status="waiting", created_at=hour_ago - dt.timedelta(hours=1))
     Workflow.objects.create(name="a.flow", status="completed", created_at=hour_ago - dt.timedelta(hours=1))
     runs, oldest = db_gauges(scrape(client.get("/metrics").content.decode()))
-    assert runs == {"scheduled": 2, "running": 1, "blocked": 1}
+    assert runs == {"scheduled": 2, "running": 1, "blocked": 1, "waiting": 1}
     assert 3600 <= oldest < 3660  # the oldest *scheduled* run, not the older blocked one
 
 

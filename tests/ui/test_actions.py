@@ -21,6 +21,7 @@ TRANSITIONS = [
     ("stop", "scheduled", "stopped"),
     ("stop", "running", "stopped"),
     ("stop", "blocked", "stopped"),
+    ("stop", "waiting", "stopped"),
     ("requeue", "running", "scheduled"),
     ("resolve", "blocked", "scheduled"),
 ]

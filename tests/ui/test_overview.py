@@ -54,6 +54,7 @@ def test_the_figures_after_known_data(known_runs):
         ("failed", 3),
         ("stopped", 1),
         ("blocked", 1),
+        ("waiting", 0),
     ]
     assert figures["total"] == 15
     assert figures["blocked"] == 1
@@ -102,6 +103,7 @@ def test_the_page_shows_the_figures(admin_client, make_run):
         "failed": "0",
         "stopped": "0",
         "blocked": "1",
+        "waiting": "0",
         "all": "4",
     }
     assert re.search(r'id="es-blocked"><a href="/admin/everystep/workflow/\?status=blocked">1</a>', html)

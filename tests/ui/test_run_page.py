@@ -92,6 +92,17 @@ def test_a_blocked_run_tells_how_to_resolve_it(admin_client, make_run):
     assert "started (uncertain)" in html
 
 
+def test_a_waiting_runs_wait_shows_as_waiting_not_uncertain(admin_client, make_run):
+    run = make_run(
+        status="waiting",
+        steps=[{"step_id": "1"}, {"step_id": "2", "status": "started", "name": "everystep.sleep"}],
+    )
+    html = admin_client.get(run_page(run)).text
+    assert "started (uncertain)" not in html
+    assert "everystep_resolve_step" not in html
+    assert "es-status-waiting" in html
+
+
 def blocked_by_a_crash() -> Workflow:
     """A run whose worker died right after an unsafe step, replayed into blocked by the engine."""
     from everystep import operations, runner, schedule

@@ -1,0 +1,250 @@
+"""Events: wait_for_event / send_event. The value becomes the wait's recorded
+outcome exactly once, an early event is kept, a timeout raises at the wait,
+and a send is part of the caller's transaction."""
+
+import datetime as dt
+import threading
+from unittest import mock
+
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from everystep import database, runner, waits
+from everystep.api import schedule
+from everystep.errors import EverystepError, SimulatedCrash
+from everystep.models import Event, Step, Wait, Workflow
+from tests.helpers import CLAIMER, run_once
+from tests.waits import workflows as w
+from tests.worker.support import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def waiting_run(key="approved", timeout=None):
+    run = run_once(schedule(w.awaits, key, timeout))
+    assert run.status == "waiting"
+    return run
+
+
+def resume(run):
+    return run_once(Workflow.objects.get(id=run.id))
+
+
+def test_a_run_waiting_for_an_event_holds_a_wait_row_and_a_started_step():
+    run = waiting_run()
+    wait = Wait.objects.get(run=run)
+    assert (wait.step_id, wait.kind, wait.key, wait.wake_at) == ("2", "event", "approved", None)
+    row = Step.objects.get(workflow=run, step_id="2")
+    assert (row.name, row.status, row.args) == ("everystep.wait_for_event", "started", ["approved"])
+    assert waits.wake_due(timezone.now() + dt.timedelta(days=3650)) == (0, None)
+
+
+def test_a_sent_event_wakes_the_run_and_becomes_the_waits_recorded_result():
+    run = waiting_run()
+    assert waits.send_event(run.id, "approved", {"by": "alice"}) is True
+    assert Workflow.objects.get(id=run.id).status == "scheduled"
+    assert not Wait.objects.filter(run=run).exists()
+    run = resume(run)
+    assert (run.status, run.result) == ("completed", {"by": "alice"})
+    assert Step.objects.get(workflow=run, step_id="2").result == {"by": "alice"}
+    assert w.effects == {"before": 1, "got:{'by': 'alice'}": 1}
+
+
+def test_a_second_send_of_a_key_changes_nothing():
+    run = waiting_run()
+    assert waits.send_event(run.id, "approved", 1) is True
+    assert waits.send_event(run.id, "approved", 2) is False
+    assert resume(run).result == 1
+    assert list(Event.objects.filter(run=run).values_list("value", flat=True)) == [1]
+
+
+def test_an_event_sent_before_the_wait_is_kept_and_served():
+    run = schedule(w.awaits, "early")
+    assert waits.send_event(run.id, "early", "first") is True
+    run = run_once(run)
+    assert (run.status, run.result) == ("completed", "first")
+    assert not Wait.objects.exists()
+
+
+def test_an_event_of_another_key_does_not_wake_the_run():
+    run = waiting_run("approved")
+    waits.send_event(run.id, "rejected", True)
+    assert Workflow.objects.get(id=run.id).status == "waiting"
+
+
+def test_a_send_is_rolled_back_with_the_callers_transaction():
+    run = waiting_run()
+    with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
+        waits.send_event(run.id, "approved", 1)
+        raise RuntimeError("the caller's transaction fails")
+    assert not Event.objects.exists()
+    assert Workflow.objects.get(id=run.id).status == "waiting"
+    assert Wait.objects.filter(run=run).exists()
+
+
+def test_a_send_inside_a_committed_transaction_wakes_the_run():
+    run = waiting_run()
+    with transaction.atomic(using=database.alias()):  # the transaction on everystep's database
+        waits.send_event(run.id, "approved", 7)
+    assert resume(run).result == 7
+
+
+def test_a_timeout_raises_at_the_wait_and_the_body_can_catch_it():
+    run = run_once(schedule(w.awaits_or_gives_up, "k", 60))
+    assert run.status == "waiting"
+    wake_at = Wait.objects.get(run=run).wake_at
+    assert waits.wake_due(wake_at + dt.timedelta(seconds=1))[0] == 1
+    with mock.patch.object(timezone, "now", return_value=wake_at + dt.timedelta(seconds=2)):
+        run = resume(run)
+    assert (run.status, run.result) == ("completed", "timed out")
+    row = Step.objects.get(workflow=run, step_id="1")
+    assert (row.status, row.error["type"]) == ("failed", "everystep.errors.WaitTimeout")
+    # An event after the timeout is kept but changes nothing.
+    waits.send_event(run.id, "k", "late")
+    assert Workflow.objects.get(id=run.id).result == "timed out"
+
+
+def test_an_uncaught_timeout_fails_the_run_with_wait_timeout():
+    run = waiting_run("k", 60)
+    wake_at = Wait.objects.get(run=run).wake_at
+    waits.wake_due(wake_at)
+    with mock.patch.object(timezone, "now", return_value=wake_at):
+        run = resume(run)
+    assert run.status == "failed"
+    assert run.error["type"] == "everystep.errors.WaitTimeout"
+    assert "no event 'k'" in run.error["message"]
+
+
+def test_an_event_that_arrives_before_the_timeout_wins():
+    run = waiting_run("k", 60)
+    waits.send_event(run.id, "k", "in time")
+    assert not Wait.objects.exists()
+    assert resume(run).result == "in time"
+
+
+@pytest.mark.parametrize("point", [1, 2])
+def test_a_crash_at_a_wait_serves_the_event_exactly_once(point):
+    # 1: after the started row (before the suspension); 2: after the event
+    # was found, before the done row.
+    run = waiting_run() if point == 2 else schedule(w.awaits, "approved")
+    if point == 2:
+        waits.send_event(run.id, "approved", "v")
+    passes = []
+
+    def fault(ctx, step_id):
+        if step_id == "2":
+            passes.append(step_id)
+            if len(passes) == 1:  # the first fault call of this pass
+                raise SimulatedCrash(f"crash at point {point}")
+
+    runner.fault = fault
+    crashed = run_once(Workflow.objects.get(id=run.id))
+    assert (crashed.status, crashed.claimed_by) == ("running", CLAIMER)
+    runner.fault = None
+    runner.execute(crashed, CLAIMER)
+    if point == 1:
+        assert Workflow.objects.get(id=run.id).status == "waiting"
+        waits.send_event(run.id, "approved", "v")
+        resume(run)
+    run = Workflow.objects.get(id=run.id)
+    assert (run.status, run.result) == ("completed", "v")
+    assert w.effects == {"before": 1, "got:v": 1}
+
+
+def test_a_crash_inside_the_suspension_leaves_the_run_to_its_worker():
+    run = schedule(w.awaits, "k")
+
+    def die(*args, **kwargs):
+        raise SimulatedCrash("the process died while suspending")
+
+    with mock.patch.object(waits, "suspend_run", die), pytest.raises(SimulatedCrash):
+        run_once(run)
+    crashed = Workflow.objects.get(id=run.id)
+    assert (crashed.status, crashed.claimed_by) == ("running", CLAIMER)
+    assert not Wait.objects.exists()
+    runner.execute(crashed, CLAIMER)
+    assert Workflow.objects.get(id=run.id).status == "waiting"
+    assert Wait.objects.filter(run=run).count() == 1
+
+
+def test_an_event_sent_while_the_run_suspends_is_not_lost():
+    # The send commits after the wait found no event and before the suspension:
+    # the suspending transaction sees it and schedules the run.
+    run = schedule(w.awaits, "k")
+    real = waits.suspend_run
+
+    def send_then_suspend(run_id, claimer, waiting):
+        waits.send_event(run_id, "k", "raced")
+        return real(run_id, claimer, waiting)
+
+    with mock.patch.object(waits, "suspend_run", send_then_suspend):
+        assert run_once(run).status == "scheduled"
+    assert not Wait.objects.exists()
+    assert resume(run).result == "raced"
+
+
+def test_sends_racing_suspensions_on_real_threads_lose_no_wake_up(start_worker):
+    # Each event is sent by another thread the moment its run records the wait,
+    # racing the worker's suspension; every run must still complete.
+    runs = [schedule(w.awaits, "go") for _ in range(12)]
+    sent = set()
+    stop = threading.Event()
+
+    def sender():
+        while not stop.is_set() and len(sent) < len(runs):
+            started = Step.objects.filter(
+                workflow_id__in=[r.id for r in runs], name=waits.WAIT_FOR_EVENT
+            ).values_list("workflow_id", flat=True)
+            for run_id in set(started) - sent:
+                waits.send_event(run_id, "go", str(run_id))
+                sent.add(run_id)
+        connections.close_all()  # this thread's connections, to both databases when split
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    try:
+        start_worker(pool_size=4, poll=0.05)
+        wait_for(
+            lambda: Workflow.objects.filter(id__in=[r.id for r in runs], status="completed").count() == 12,
+            what="every run to get its event",
+        )
+    finally:
+        stop.set()
+        thread.join(30)
+    for run in runs:
+        assert Workflow.objects.get(id=run.id).result == str(run.id)
+
+
+def test_on_postgresql_a_send_wakes_an_idle_worker_by_notify(start_worker):
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    worker = start_worker(pool_size=1, poll=600, heartbeat_interval=600, recover_stale_after=1800)
+    run = schedule(w.awaits, "k")
+    wait_for(lambda: Workflow.objects.get(id=run.id).status == "waiting", what="the run to wait")
+    # No timer, no poll, no heartbeat: only the NOTIFY can wake the loop.
+    worker._next_wake = float("inf")
+    waits.send_event(run.id, "k", "notified")
+    wait_for(
+        lambda: Workflow.objects.get(id=run.id).status == "completed", what="the NOTIFY to wake the worker"
+    )
+
+
+def test_bad_sends_are_refused_naming_the_problem():
+    run = waiting_run()
+    with pytest.raises(EverystepError, match="non-empty string"):
+        waits.send_event(run.id, "", 1)
+    with pytest.raises(EverystepError, match="characters; the limit is 255"):
+        waits.send_event(run.id, "k" * 256, 1)
+    with pytest.raises(EverystepError, match="not serializable"):
+        waits.send_event(run.id, "approved", object())
+    with pytest.raises(EverystepError, match="does not exist"):
+        waits.send_event("01900000-0000-7000-8000-000000000000", "approved", 1)
+    with pytest.raises(EverystepError, match="not a valid run id"):
+        waits.send_event("nope", "approved", 1)
+    assert not Event.objects.exists()
+
+
+def test_wait_for_event_outside_a_run_is_refused():
+    with pytest.raises(EverystepError, match="only in a workflow's body"):
+        waits.wait_for_event("k")
