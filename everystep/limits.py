@@ -120,7 +120,7 @@ def _claim_locked(claimer: str, name: str, limit: int, free: int, exclude) -> li
         )
         if not locked:
             raise _NoLockRow(name)
-        room = limit - Workflow.objects.filter(status=Status.RUNNING, name=name).count()
+        room = limit - running_count(name)
         if room <= 0:
             return []
         runs = Workflow.objects.filter(status=Status.SCHEDULED, name=name).order_by("created_at")
@@ -137,6 +137,13 @@ def _claim_locked(claimer: str, name: str, limit: int, free: int, exclude) -> li
     for run in claimed:
         run.status, run.claimed_by = Status.RUNNING, claimer
     return claimed
+
+
+def running_count(name: str) -> int:
+    """How many runs of workflow ``name`` are ``running`` now (all workers)."""
+    from .models import Workflow
+
+    return Workflow.objects.filter(status=Workflow.Status.RUNNING, name=name).count()
 
 
 def _make_lock_row(name: str, limit: int) -> None:
