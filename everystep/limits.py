@@ -35,7 +35,6 @@ transaction; a crash before its commit claims nothing, after it leaves the
 claimed runs ``running`` under the claimer's name, as an unlimited claim does.
 """
 
-from django.db.models import Count
 from django.utils import timezone
 
 from . import database
@@ -55,37 +54,37 @@ def checked(workflow: str, value) -> int | None:
     return value
 
 
+# One row per limited workflow, in one round trip: how many of its runs are
+# running, and when its oldest waiting run was made (NULL: none waits). Both
+# are probes of an index: the status index for the few running rows, the
+# partial (name, created_at) index of scheduled rows for the oldest one.
+_PEEK = (
+    "SELECT {i}, "
+    "(SELECT COUNT(*) FROM everystep_workflow WHERE status = 'running' AND name = %s), "
+    "(SELECT MIN(created_at) FROM everystep_workflow WHERE status = 'scheduled' AND name = %s)"
+)
+
+
 def claim_limited(claimer: str, free: int, exclude, limits: dict[str, int]) -> list:
     """Claim up to ``free`` runs of the limited workflows in ``limits``
     (``{name: N}``), never letting more than N of a workflow be ``running``.
 
-    Workflows are taken in the order of their oldest waiting run. Two cheap
-    reads come first, without a lock, so that a claim locks only a workflow
-    that has runs waiting and looked like it had room: a full or idle limited
-    workflow costs a poll one grouped count and, if idle with room, one probe."""
-    from .models import Workflow
-
-    Status = Workflow.Status
-    running = dict(
-        Workflow.objects.filter(status=Status.RUNNING, name__in=list(limits))
-        .values_list("name")
-        .annotate(count=Count("id"))
-        .values_list("name", "count")
+    A peek without a lock comes first (:data:`_PEEK`), so that a claim locks
+    only a workflow that has runs waiting and looked like it had room: a full
+    or idle limited workflow costs a claim that one query. Workflows are then
+    claimed in the order of their oldest waiting run."""
+    names = sorted(limits)
+    sql = " UNION ALL ".join(_PEEK.format(i=i) for i in range(len(names)))
+    with database.connection().cursor() as cursor:
+        cursor.execute(sql, [param for name in names for param in (name, name)])
+        peeked = cursor.fetchall()
+    waiting = sorted(
+        (oldest, names[i])
+        for i, running, oldest in peeked
+        if oldest is not None and running < limits[names[i]]
     )
-    waiting = []
-    for name, limit in limits.items():
-        if running.get(name, 0) >= limit:
-            continue  # full as of now; a claim after a slot frees up will see it
-        oldest = (
-            Workflow.objects.filter(status=Status.SCHEDULED, name=name)
-            .order_by("created_at")
-            .values_list("created_at", flat=True)
-            .first()
-        )
-        if oldest is not None:
-            waiting.append((oldest, name))
     claimed = []
-    for _, name in sorted(waiting):
+    for _, name in waiting:
         if len(claimed) >= free:
             break
         claimed += _claim_workflow(claimer, name, limits[name], free - len(claimed), exclude)

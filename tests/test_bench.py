@@ -163,3 +163,8 @@ def test_the_summary_judges_each_figure_against_its_target():
         "step page, drawn (Chromium)": "MISS",
         "step page, HTML": "PASS",
     }
+
+
+def test_limits_runs():
+    done = bench("limits.py", "--claims", "3", "--backlog", "20")
+    assert "limited runs, room" in done.stdout
