@@ -35,6 +35,9 @@ transaction; a crash before its commit claims nothing, after it leaves the
 claimed runs ``running`` under the claimer's name, as an unlimited claim does.
 """
 
+import datetime as dt
+from dataclasses import dataclass
+
 from django.utils import timezone
 
 from . import database
@@ -65,23 +68,59 @@ _PEEK = (
 )
 
 
+@dataclass(frozen=True)
+class Usage:
+    """A limited workflow as of a peek: ``running`` of at most ``limit``, and
+    when its oldest waiting run was made (None: none waits)."""
+
+    name: str
+    limit: int
+    running: int
+    oldest_waiting: dt.datetime | None
+
+    @property
+    def full(self) -> bool:
+        return self.running >= self.limit
+
+
+def peek(limits: dict[str, int]) -> list[Usage]:
+    """Each limited workflow of ``limits`` (``{name: N}``), by name, in one query
+    and without a lock: what a claim goes by to pick whom to lock, and what the
+    overview shows."""
+    if not limits:
+        return []
+    names = sorted(limits)
+    sql = " UNION ALL ".join(_PEEK.format(i=i) for i in range(len(names)))
+    conn = database.connection()
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [param for name in names for param in (name, name)])
+        rows = sorted(cursor.fetchall())
+    return [Usage(names[i], limits[names[i]], running, _aware(oldest)) for i, running, oldest in rows]
+
+
+def _aware(value) -> dt.datetime | None:
+    """A raw ``created_at`` as an aware datetime: SQLite returns text, and
+    MySQL a naive datetime in UTC (Django stores UTC there with USE_TZ)."""
+    from .models import Workflow
+
+    if value is None:
+        return None
+    value = Workflow._meta.get_field("created_at").to_python(value)
+    return timezone.make_aware(value, dt.UTC) if timezone.is_naive(value) else value
+
+
 def claim_limited(claimer: str, free: int, exclude, limits: dict[str, int]) -> list:
     """Claim up to ``free`` runs of the limited workflows in ``limits``
     (``{name: N}``), never letting more than N of a workflow be ``running``.
 
-    A peek without a lock comes first (:data:`_PEEK`), so that a claim locks
-    only a workflow that has runs waiting and looked like it had room: a full
-    or idle limited workflow costs a claim that one query. Workflows are then
-    claimed in the order of their oldest waiting run."""
-    names = sorted(limits)
-    sql = " UNION ALL ".join(_PEEK.format(i=i) for i in range(len(names)))
-    with database.connection().cursor() as cursor:
-        cursor.execute(sql, [param for name in names for param in (name, name)])
-        peeked = cursor.fetchall()
+    A :func:`peek` comes first, so that a claim locks only a workflow that has
+    runs waiting and looked like it had room: a full or idle limited workflow
+    costs a claim that one query. Workflows are then claimed in the order of
+    their oldest waiting run."""
     waiting = sorted(
-        (oldest, names[i])
-        for i, running, oldest in peeked
-        if oldest is not None and running < limits[names[i]]
+        (usage.oldest_waiting, usage.name)
+        for usage in peek(limits)
+        if usage.oldest_waiting is not None and not usage.full
     )
     claimed = []
     for _, name in waiting:

@@ -379,3 +379,12 @@ def test_worker_processes_never_run_more_than_the_limit_at_once(spawn_worker, sc
     last_start = max(int(line[2]) for line in w.read_log(log) if line[0] == "start")
     free = [int(line[2]) for line in w.read_log(log) if line[0] == "free"]
     assert len(free) == len(others) and max(free) < last_start  # not held up behind the limit
+
+
+def test_the_start_up_line_names_the_limits(scratch_modules, start_worker, caplog):
+    name = declare(scratch_modules, limit=3)
+    with caplog.at_level("INFO", logger="everystep"):
+        worker = start_worker(name="limits-line", stop_when_idle=True)
+        worker.thread.join(30)
+    [started] = [record.getMessage() for record in caplog.records if "started:" in record.getMessage()]
+    assert started.endswith(f"; at most running: {name} 3")
