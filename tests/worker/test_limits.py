@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
-from everystep import claims, limits, operations
+from everystep import claims, database, limits, operations
 from everystep.api import schedule, workflow
 from everystep.checks import check_workflow_modules
 from everystep.errors import EverystepError
@@ -238,8 +238,8 @@ def _session_id(conn) -> int | None:
 
 def _waits_on_a_lock(session) -> bool:
     """Whether the database session ``session`` is waiting for a lock now."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    with database.connection().cursor() as cursor:
+        if database.connection().vendor == "postgresql":
             cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session])
             row = cursor.fetchone()
             return row is not None and row[0] == "Lock"
@@ -266,7 +266,7 @@ def test_two_claimers_at_the_same_moment_never_exceed_the_limit(scratch_modules,
     claim_locked = limits._claim_locked
 
     def arriving(claimer, *args):
-        sessions[claimer] = _session_id(connections[connection.alias])
+        sessions[claimer] = _session_id(database.connection())
         arrived[claimer].set()
         return claim_locked(claimer, *args)
 
@@ -301,7 +301,7 @@ def test_two_claimers_at_the_same_moment_never_exceed_the_limit(scratch_modules,
             return True  # the broken case: both counted before either claimed
         if not arrived[other].is_set():
             return False
-        return connection.vendor == "sqlite" or _waits_on_a_lock(sessions[other])
+        return database.connection().vendor == "sqlite" or _waits_on_a_lock(sessions[other])
 
     wait_for(held_back, timeout=30, what="the second claimer to count or wait for the lock")
     go[first].set()
