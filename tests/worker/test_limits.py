@@ -388,3 +388,21 @@ def test_the_start_up_line_names_the_limits(scratch_modules, start_worker, caplo
         worker.thread.join(30)
     [started] = [record.getMessage() for record in caplog.records if "started:" in record.getMessage()]
     assert started.endswith(f"; at most running: {name} 3")
+
+
+def test_the_peek_and_the_claim_of_a_limited_workflow_use_its_index_on_postgresql(scratch_modules):
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the partial index is PostgreSQL's (MySQL gets a (status, name, created_at) index)")
+    name = declare(scratch_modules, limit=2)
+    add_runs("tests.worker.workflows.chain", 50)
+    add_runs(name, 5)
+    waiting = Workflow.objects.filter(status=S.SCHEDULED, name=name).order_by("created_at")
+    peek_sql = limits._PEEK.format(i=0)
+    with database.atomic(), database.connection().cursor() as cursor:
+        claim_sql, claim_params = waiting.select_for_update(skip_locked=True)[:2].query.sql_with_params()
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        plans = []
+        for sql, params in ((peek_sql, [name, name]), (claim_sql, claim_params)):
+            cursor.execute(f"EXPLAIN {sql}", params)  # without ANALYZE: changes nothing
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+    assert all("everystep_workflow_limit_idx" in plan for plan in plans), plans
