@@ -2,7 +2,7 @@
 
 One claim of up to 4 runs (``everystep.claims.claim_runs``, as a worker's
 loop calls it), its latency measured on a queue of ``--backlog`` scheduled
-runs, four ways:
+runs, four ways (five with ``--ahead``):
 
 - ``no limit declared``: no registered workflow has ``max_concurrent``: the
   claim is the plain statement (the baseline);
@@ -13,7 +13,10 @@ runs, four ways:
   slots taken: the same peek, then the same claim (no lock);
 - ``limited runs, room``: the claim takes the limited workflow's runs: the
   peek, then a transaction that writes its lock row, counts its running
-  runs and claims (no unlimited claim follows: the batch is full).
+  runs and claims (no unlimited claim follows: the batch is full);
+- with ``--ahead N``, ``limit declared, full, its backlog ahead``: a full
+  limited workflow has N runs waiting, older than every plain run: the plain
+  claim scans past them.
 
 Claimed runs are put back to ``completed`` outside the timed part, and as
 many scheduled, so the queue stays the same from one claim to the next; the
@@ -21,7 +24,7 @@ modes take turns claim by claim.
 Prints the median and p90 per claim in microseconds, and each mode's median
 over the baseline's.
 
-Usage: python bench/limits.py [--claims 300] [--backlog 2000]
+Usage: python bench/limits.py [--claims 300] [--backlog 2000] [--ahead 10000]
 """
 
 import argparse
@@ -36,11 +39,13 @@ except ImportError:  # run as a script
 
 PLAIN = "bench.limits.plain"
 IDLE, FULL, ROOM = "bench.limits.idle", "bench.limits.full", "bench.limits.room"
+AHEAD = "bench.limits.ahead"
+AHEAD_MODE = "limit declared, full, its backlog ahead"
 BATCH = 4
 # Runs of the limited workflows are made a day ahead: when a mode does not
 # declare their limit, the plain claim still never reaches them (the plain
 # backlog, refilled after each claim, is older).
-AHEAD = dt.timedelta(days=1)
+LATER = dt.timedelta(days=1)
 MODES = {
     "no limit declared": {},
     "limit declared, idle": {IDLE: 2},
@@ -53,7 +58,7 @@ def declare(limits: dict) -> None:
     """Register the three limited workflows, with a limit only where ``limits`` has one."""
     from everystep import registry
 
-    for name in (IDLE, FULL, ROOM):
+    for name in (IDLE, FULL, ROOM, AHEAD):
 
         def body():
             return None
@@ -67,16 +72,23 @@ def fill(name: str, count: int, status: str = "scheduled") -> None:
 
     from everystep.models import Workflow
 
-    at = timezone.now() + (AHEAD if name != PLAIN else dt.timedelta())
+    at = timezone.now() + (LATER if name != PLAIN else dt.timedelta())
     Workflow.objects.bulk_create(
         [Workflow(name=name, args=[], status=status, created_at=at) for _ in range(count)], batch_size=1000
     )
 
 
 def timed_claim(limits: dict) -> tuple[float, list]:
+    from django.utils import timezone
+
     from everystep import claims
+    from everystep.models import Workflow
 
     declare(limits)
+    # The ahead workflow's backlog goes ahead of the plain runs for its mode
+    # only (the plain claim would take it in the others), untimed.
+    ahead = timezone.now() - LATER if AHEAD in limits else timezone.now() + LATER
+    Workflow.objects.filter(name=AHEAD, status="scheduled").update(created_at=ahead)
     began = time.perf_counter()
     runs = claims.claim_runs("bench", BATCH)
     return (time.perf_counter() - began) * 1e6, runs
@@ -95,7 +107,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--claims", type=int, default=300, help="timed claims per mode")
     parser.add_argument("--backlog", type=int, default=2000, help="scheduled runs of a plain workflow")
+    parser.add_argument(
+        "--ahead", type=int, default=0,
+        help="also time a claim with this many runs of a full limited workflow ahead of the plain ones",
+    )
     options = parser.parse_args()
+    modes = dict(MODES)
+    if options.ahead:
+        modes[AHEAD_MODE] = {AHEAD: 2}
     setup("limits")
     from everystep.models import Workflow
 
@@ -103,12 +122,14 @@ def main() -> None:
     fill(FULL, 2, status="running")
     fill(FULL, 50)
     fill(ROOM, 50)
-    samples = {mode: [] for mode in MODES}
+    fill(AHEAD, 2, status="running")
+    fill(AHEAD, options.ahead)
+    samples = {mode: [] for mode in modes}
     for _ in range(3):  # warm-up: connections, plans, the lock rows
-        for limits in MODES.values():
+        for limits in modes.values():
             put_back(timed_claim(limits)[1])
     for _ in range(options.claims):  # claim by claim, so that the machine's noise is shared
-        for mode, limits in MODES.items():
+        for mode, limits in modes.items():
             micros, runs = timed_claim(limits)
             expected = ROOM if mode == "limited runs, room" else PLAIN
             assert [run.name for run in runs] == [expected] * BATCH, (mode, runs)
@@ -116,7 +137,7 @@ def main() -> None:
             put_back(runs)
     base = statistics.median(samples["no limit declared"])
     rows = []
-    for mode in MODES:
+    for mode in modes:
         values = sorted(samples[mode])
         p50 = statistics.median(values)
         p90 = values[int(len(values) * 0.9) - 1]
