@@ -246,7 +246,7 @@ class Heartbeat(models.Model):
 class ConcurrencyLimit(models.Model):
     """The lock of a workflow declared ``@workflow(max_concurrent=N)``: one
     ``everystep_concurrency_limit`` row per limited workflow name, made by the
-    first claim of one of its runs (:mod:`everystep.limits`).
+    first claim of one of its runs (``everystep.limits``).
 
     A claim of that workflow's runs writes the row first, which locks it until
     the claim commits, so that claimers of the workflow count its ``running``
