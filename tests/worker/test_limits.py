@@ -406,3 +406,14 @@ def test_the_peek_and_the_claim_of_a_limited_workflow_use_its_index_on_postgresq
             cursor.execute(f"EXPLAIN {sql}", params)  # without ANALYZE: changes nothing
             plans.append("\n".join(row[0] for row in cursor.fetchall()))
     assert all("everystep_workflow_limit_idx" in plan for plan in plans), plans
+
+
+def test_a_declared_limit_costs_a_claim_of_other_runs_one_query(scratch_modules, django_assert_num_queries):
+    declare(scratch_modules, limit=2)  # nothing of it waits
+    add_runs("tests.worker.workflows.chain", 3)
+    engine_db = database.connection()
+    # The plain claim as test_claims pins it: one statement on SQLite, a transaction
+    # on MariaDB/MySQL, and on PostgreSQL a prepared statement Django does not log.
+    plain = {"sqlite": 1, "mysql": 4, "postgresql": 0}[engine_db.vendor]
+    with django_assert_num_queries(1 + plain, connection=engine_db):
+        assert len(claims.claim_runs("w1", 4)) == 3
