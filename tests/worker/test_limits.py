@@ -27,12 +27,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 S = Workflow.Status
 
 # Steps log "start"/"end" with CLOCK_MONOTONIC (one clock for every process of
-# the machine), so that the test can tell how many bodies ran at once.
+# the machine), so that the test can tell how many bodies ran at once. A body
+# of ``limited`` holds its slot until ``limit`` bodies are in at once (it then
+# logs "full", which lets every body in go), or nothing of the workflow is left
+# to claim: the limit is reached whatever the machine's load, and a claim that
+# breaks it lets more bodies in than that.
 FLOWS = """\
     import time
 
     from everystep import step, workflow
     from everystep.context import current
+    from everystep.models import Workflow
 
 
     def note(log, *words):
@@ -40,17 +45,31 @@ FLOWS = """\
             file.write(" ".join(str(word) for word in words) + "\\n")
 
 
+    def released(log, run_id, limit, name):
+        with open(log) as file:
+            lines = [line.split() for line in file]
+        mine = next(i for i, line in enumerate(lines) if line[:2] == ["start", str(run_id)])
+        if any(line[0] == "full" for line in lines[mine:]):
+            return True
+        starts = sum(line[0] == "start" for line in lines)
+        if starts - sum(line[0] == "end" for line in lines) >= limit:
+            note(log, "full", run_id, time.monotonic_ns())
+            return True
+        return not Workflow.objects.filter(name=name, status="scheduled").exists()
+
+
     @step
-    def hold(log, seconds):
-        run_id = current().workflow_id
-        note(log, "start", run_id, time.monotonic_ns())
-        time.sleep(seconds)  # the workload: long enough for claims to overlap it
-        note(log, "end", run_id, time.monotonic_ns())
+    def hold(log, limit):
+        ctx = current()
+        note(log, "start", ctx.workflow_id, time.monotonic_ns())
+        while not released(log, ctx.workflow_id, limit, ctx.workflow_name):
+            time.sleep(0.01)  # the other bodies, in any process, write to the log
+        note(log, "end", ctx.workflow_id, time.monotonic_ns())
 
 
     @workflow(max_concurrent={limit})
-    def limited(log, seconds):
-        hold(log, seconds)
+    def limited(log, limit):
+        hold(log, limit)
 
 
     @step
@@ -322,7 +341,7 @@ def test_an_embedded_worker_runs_no_more_than_the_limit_at_once(scratch_modules,
     _, flows = flows_app(scratch_modules, limit=2)
     log = str(tmp_path / "log")
     with transaction.atomic():
-        limited = [schedule(flows.limited, log, 0.1) for _ in range(8)]
+        limited = [schedule(flows.limited, log, 2) for _ in range(8)]
         others = [schedule(flows.unlimited, log) for _ in range(4)]
     start_worker(name="embedded", pool_size=6)
 
@@ -359,7 +378,7 @@ def test_worker_processes_never_run_more_than_the_limit_at_once(spawn_worker, sc
         what="the three workers to be up",
     )
     with transaction.atomic():
-        limited = [schedule(flows.limited, log, 0.15) for _ in range(30)]
+        limited = [schedule(flows.limited, log, 5) for _ in range(30)]
         others = [schedule(flows.unlimited, log) for _ in range(10)]
 
     wait_for(
@@ -399,7 +418,8 @@ def test_the_peek_and_the_claim_of_a_limited_workflow_use_its_index_on_postgresq
     waiting = Workflow.objects.filter(status=S.SCHEDULED, name=name).order_by("created_at")
     peek_sql = limits._PEEK.format(i=0)
     with database.atomic(), database.connection().cursor() as cursor:
-        claim_sql, claim_params = waiting.select_for_update(skip_locked=True)[:2].query.sql_with_params()
+        locking = waiting.select_for_update(skip_locked=True)[:2]
+        claim_sql, claim_params = locking.query.get_compiler(using=database.alias()).as_sql()
         cursor.execute("SET LOCAL enable_seqscan = off")
         plans = []
         for sql, params in ((peek_sql, [name, name]), (claim_sql, claim_params)):
