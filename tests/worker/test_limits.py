@@ -28,10 +28,11 @@ S = Workflow.Status
 
 # Steps log "start"/"end" with CLOCK_MONOTONIC (one clock for every process of
 # the machine), so that the test can tell how many bodies ran at once. A body
-# of ``limited`` holds its slot until ``limit`` bodies are in at once (it then
-# logs "full", which lets every body in go), or nothing of the workflow is left
-# to claim: the limit is reached whatever the machine's load, and a claim that
-# breaks it lets more bodies in than that.
+# of ``limited`` holds its slot for ``seconds`` (so that runs claimed together
+# overlap), then until ``limit`` bodies are in at once (it then logs "full",
+# which lets every body in go) or nothing of the workflow is left to claim: the
+# limit is reached whatever the machine's load, and a claim that breaks it
+# shows as more bodies at once.
 FLOWS = """\
     import time
 
@@ -59,17 +60,18 @@ FLOWS = """\
 
 
     @step
-    def hold(log, limit):
+    def hold(log, limit, seconds):
         ctx = current()
         note(log, "start", ctx.workflow_id, time.monotonic_ns())
+        time.sleep(seconds)  # the workload: bodies claimed together overlap
         while not released(log, ctx.workflow_id, limit, ctx.workflow_name):
             time.sleep(0.01)  # the other bodies, in any process, write to the log
         note(log, "end", ctx.workflow_id, time.monotonic_ns())
 
 
     @workflow(max_concurrent={limit})
-    def limited(log, limit):
-        hold(log, limit)
+    def limited(log, limit, seconds):
+        hold(log, limit, seconds)
 
 
     @step
@@ -341,7 +343,7 @@ def test_an_embedded_worker_runs_no_more_than_the_limit_at_once(scratch_modules,
     _, flows = flows_app(scratch_modules, limit=2)
     log = str(tmp_path / "log")
     with transaction.atomic():
-        limited = [schedule(flows.limited, log, 2) for _ in range(8)]
+        limited = [schedule(flows.limited, log, 2, 0.05) for _ in range(8)]
         others = [schedule(flows.unlimited, log) for _ in range(4)]
     start_worker(name="embedded", pool_size=6)
 
@@ -378,7 +380,7 @@ def test_worker_processes_never_run_more_than_the_limit_at_once(spawn_worker, sc
         what="the three workers to be up",
     )
     with transaction.atomic():
-        limited = [schedule(flows.limited, log, 5) for _ in range(30)]
+        limited = [schedule(flows.limited, log, 5, 0.2) for _ in range(30)]
         others = [schedule(flows.unlimited, log) for _ in range(10)]
 
     wait_for(
