@@ -5,13 +5,19 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from . import registry, runner, serde
+from . import limits, registry, runner, serde
 from .errors import EverystepError, Terminal
 
 __all__ = ["workflow", "step", "parallel", "schedule", "start_child", "Terminal"]
 
 
-def workflow(func: Callable | None = None, *, cron: str | None = None, timezone: str = "UTC"):
+def workflow(
+    func: Callable | None = None,
+    *,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    max_concurrent: int | None = None,
+):
     """Mark ``func`` as a workflow: a function that :func:`schedule` can run durably.
 
     Use as ``@workflow``, or ``@workflow(cron="0 9 * * MON-FRI")`` to have the
@@ -20,6 +26,13 @@ def workflow(func: Callable | None = None, *, cron: str | None = None, timezone:
     argument, however many workers run (see :doc:`/schedules`). A bad
     expression, an unknown zone or a function that cannot take the slot
     raises :class:`~everystep.cron.ScheduleError` here, at import.
+
+    ``max_concurrent=N`` (a positive integer) caps the runs of this workflow
+    that are ``running`` at once across all workers: a claim takes one of its
+    runs only while fewer than N are (see :ref:`concurrency-limits`). Its
+    other runs wait ``scheduled``, and the workers claim other workflows'
+    runs meanwhile. Anything but a positive integer raises
+    :class:`~everystep.errors.EverystepError` here, at import.
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
@@ -44,7 +57,9 @@ def workflow(func: Callable | None = None, *, cron: str | None = None, timezone:
             raise EverystepError(
                 f"workflow {name}: timezone={timezone!r} is the zone of a cron schedule; add cron=..."
             )
-        spec = registry.Spec(name, func, "workflow", cron=schedule)
+        spec = registry.Spec(
+            name, func, "workflow", cron=schedule, max_concurrent=limits.checked(name, max_concurrent)
+        )
         registry.register(spec)
 
         @functools.wraps(func)

@@ -1,5 +1,6 @@
 """The tables: one row per run, one row per executed step, one row per worker
-(its heartbeat), and the links of forks and child runs."""
+(its heartbeat), the links of forks and child runs, and one row per
+concurrency-limited workflow (its claim lock)."""
 
 import datetime as dt
 
@@ -80,6 +81,13 @@ class Workflow(models.Model):
             # Back the UI's filters and searches (PostgreSQL also gets a GIN index
             # on args for JSON containment, in migration 0007).
             models.Index(fields=["name", "-created_at"], name="everystep_workflow_name_idx"),
+            # Serves the claim of a concurrency-limited workflow: its scheduled
+            # rows in created_at order (MySQL gets a (status, name, created_at) index).
+            models.Index(
+                fields=["name", "created_at"],
+                condition=Q(status="scheduled"),
+                name="everystep_workflow_limit_idx",
+            ),
             models.Index(fields=["claimed_by"], name="everystep_workflow_claimer_idx"),
             models.Index(fields=["idempotency_key"], name="everystep_workflow_idem_idx"),
             # The overview's throughput chart and everystep_prune select by end time.
@@ -334,3 +342,31 @@ class Event(models.Model):
 
     def __str__(self):
         return f"{self.run_id} event {self.key}"
+
+
+class ConcurrencyLimit(models.Model):
+    """The lock of a workflow declared ``@workflow(max_concurrent=N)``: one
+    ``everystep_concurrency_limit`` row per limited workflow name, made by the
+    first claim of one of its runs (``everystep.limits``).
+
+    A claim of that workflow's runs writes the row first, which locks it until
+    the claim commits, so that claimers of the workflow count its ``running``
+    runs one after the other. ``max_concurrent`` is the limit and
+    ``claimed_at`` the time of the last claim that took the lock, as the
+    claiming worker saw them. An additive table: the two tables above keep
+    their columns.
+    """
+
+    name = models.CharField(max_length=300)
+    max_concurrent = models.PositiveIntegerField()
+    claimed_at = models.DateTimeField()
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_concurrency_limit"
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["name"], name="everystep_concurrency_limit_name_uniq")]
+
+    def __str__(self):
+        return f"{self.name} (at most {self.max_concurrent} running)"

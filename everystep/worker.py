@@ -256,6 +256,9 @@ class Worker:
         schedules = registry.schedules()
         if schedules:
             found += "; cron: " + ", ".join(f"{schedule.workflow} {schedule}" for schedule in schedules)
+        limited = registry.concurrency_limits()
+        if limited:
+            found += "; at most running: " + ", ".join(f"{name} {n}" for name, n in sorted(limited.items()))
         return (
             f"worker {self.name!r} started: pool {self.pool_size}, {engine_db.display_name} "
             f"database {engine_db.alias!r}, {pickup}, {found}"

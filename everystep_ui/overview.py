@@ -1,6 +1,6 @@
 """The overview page: runs per status, the dead-letter depth, the age of the
-oldest scheduled run, throughput over the last hour, the workers and the cron
-schedules.
+oldest scheduled run, throughput over the last hour, the workers, the cron
+schedules and the concurrency limits.
 
 Every figure is one query an index serves, so the page stays cheap on a table
 of millions of runs: the status index for the counts (GROUP BY status) and the
@@ -8,6 +8,8 @@ runners (status = 'running'), the claim index for the oldest scheduled run, the
 completed_at index for the throughput chart, and the unique (name,
 idempotency_key) index for each schedule's last run and missed slot (two
 lookups per schedule). The workers are the heartbeat table, a row per worker.
+The concurrency limits are one query for all limited workflows
+(``everystep.limits.peek``: index probes per workflow).
 """
 
 import datetime as dt
@@ -19,7 +21,7 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from everystep import cron, heartbeats, registry
+from everystep import cron, heartbeats, limits, registry
 from everystep.models import Heartbeat, Workflow
 
 from . import display, views
@@ -187,6 +189,7 @@ def figures(now: dt.datetime | None = None) -> dict:
         "stale_after": heartbeats.shown_stale_after(),
         "recovery_on": heartbeats.stale_after() is not None,
         "schedules": [cron.state(schedule, now) for schedule in registry.schedules()],
+        "limits": limits.peek(registry.concurrency_limits()),
         "now": now,
     }
 
@@ -255,6 +258,15 @@ def overview(request, *, model_admin):
                 last_run_url=state.last_run and model_admin.page_url(request, "run", state.last_run.id),
             )
             for state in data["schedules"]
+        ],
+        "limits": [
+            (
+                usage,
+                listed(name=usage.name, status=Status.RUNNING),
+                usage.oldest_waiting and display.format_duration(data["now"] - usage.oldest_waiting),
+                listed(name=usage.name, status=Status.SCHEDULED),
+            )
+            for usage in data["limits"]
         ],
         "blocked_url": listed(status=Status.BLOCKED),
         "scheduled_url": listed(status=Status.SCHEDULED),

@@ -178,3 +178,7 @@ def test_children(tmp_path):
     figures = figures_of(tmp_path, "children.py", "--calls", "5", "--runs", "3", "--rounds", "1")
     assert set(figures["ms"]) == {"start_child", "step", "child end", "plain end"}
     assert {"start_child_vs_step", "child_end_vs_plain_end"} <= set(figures)
+
+def test_limits_runs():
+    done = bench("limits.py", "--claims", "3", "--backlog", "20")
+    assert "limited runs, room" in done.stdout

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     keep their columns)."""
 
     dependencies = [
-        ("everystep", "0013_waiting"),
+        ("everystep", "0014_concurrency_limit"),
     ]
 
     operations = [

@@ -337,3 +337,27 @@ def test_the_page_lists_the_schedules(admin_client, cron_workflow, make_run):
 
 def test_no_schedules_section_without_schedules(admin_client, db):
     assert "Schedules" not in admin_client.get(PAGE).text
+
+
+def test_the_page_lists_the_concurrency_limits(admin_client, cron_workflow, make_run):
+    full = cron_workflow("exports", max_concurrent=2).__everystep__.name
+    idle = cron_workflow("mailer", max_concurrent=5).__everystep__.name
+    for _ in range(2):
+        make_run(name=full, status="running", claimed_by="w1")
+    make_run(name=full, status="scheduled", created_at=timezone.now() - dt.timedelta(minutes=3))
+    make_run(name=idle, status="completed")
+
+    html = admin_client.get(PAGE).text
+    assert "<h2>Concurrency limits</h2>" in html
+    row = schedule_row(html, full)
+    running = f"/admin/everystep/workflow/?name={full}&amp;status=running"
+    waiting = f"/admin/everystep/workflow/?name={full}&amp;status=scheduled"
+    assert f'<td class="es-number es-full"><a href="{running}">2</a></td> <td class="es-number">2</td>' in row
+    assert re.search(rf'<a href="{re.escape(waiting)}">waiting 3 min( \d+ s)?</a>', row), row
+    row = schedule_row(admin_client.get(PAGE, **HTMX).text, idle)
+    assert '<td class="es-number"><a href' in row and ">0</a></td> <td class=\"es-number\">5</td>" in row
+    assert "none waiting" in row
+
+
+def test_no_limits_section_without_limits(admin_client, db):
+    assert "Concurrency limits" not in admin_client.get(PAGE).text
