@@ -157,7 +157,7 @@ def check_listen_database(app_configs, **kwargs):
                 f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, which is not an alias of DATABASES "
                 f"({', '.join(settings.DATABASES)}).",
                 hint=hint,
-                id="everystep.E006",
+                id="everystep.E010",
             )
         ]
     engine = settings.DATABASES[listen].get("ENGINE", "")
@@ -167,7 +167,7 @@ def check_listen_database(app_configs, **kwargs):
                 f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, a {engine or 'no'} database: LISTEN/NOTIFY "
                 "is PostgreSQL's.",
                 hint=hint,
-                id="everystep.E007",
+                id="everystep.E011",
             )
         ]
     return []

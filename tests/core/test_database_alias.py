@@ -102,7 +102,7 @@ def test_transitions_reach_the_engine_database():
 def test_a_listen_database_that_is_no_alias_is_a_check_error():
     with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
         errors = checks.check_listen_database(None)
-    assert ids(errors) == ["everystep.E006"]
+    assert ids(errors) == ["everystep.E010"]
     assert "'direct'" in errors[0].msg and "EVERYSTEP_LISTEN_DATABASE" in errors[0].msg
 
 
@@ -111,7 +111,7 @@ def test_a_listen_database_that_is_not_postgresql_is_a_check_error(monkeypatch):
     monkeypatch.setitem(settings.DATABASES, "direct", {"ENGINE": "django.db.backends.sqlite3", "NAME": "x"})
     with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
         errors = checks.check_listen_database(None)
-    assert ids(errors) == ["everystep.E007"]
+    assert ids(errors) == ["everystep.E011"]
     assert "django.db.backends.sqlite3" in errors[0].msg
 
 
