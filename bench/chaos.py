@@ -331,6 +331,8 @@ def kill_for_good(fleet: Fleet, pool: int, rng: random.Random) -> DeadWorker:
     """SIGKILL a worker that holds runs, never restart it, and time how long
     until none is left under its name."""
 
+    from django.conf import settings
+
     from bench import chaos_workflows
     from everystep import schedule
     from everystep.models import Workflow
@@ -341,7 +343,10 @@ def kill_for_good(fleet: Fleet, pool: int, rng: random.Random) -> DeadWorker:
     dead.scheduled = len(fleet.procs) * pool * 2
     for i in range(dead.scheduled):
         schedule(chaos_workflows.mixed, chaos_workflows.KINDS[i % len(chaos_workflows.KINDS)])
-    stranded = Workflow.objects.filter(status="running", claimed_by=dead.name)
+    # Watched on a direct connection when there is one (--pgbouncer): the
+    # controller's own query must not queue in PgBouncer and add to the time.
+    watch = "listen" if "listen" in settings.DATABASES else "default"
+    stranded = Workflow.objects.using(watch).filter(status="running", claimed_by=dead.name)
     deadline = time.time() + 60
     while not stranded.exists():
         if time.time() > deadline:
