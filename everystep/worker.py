@@ -590,7 +590,8 @@ class Worker:
         import psycopg
 
         token = f"{self.name}:{uuid.uuid4().hex}"
-        with psycopg.connect(**engine_params, autocommit=True) as sender:
+        # A bounded connect: a listener stuck here would neither listen nor warn.
+        with psycopg.connect(**{"connect_timeout": 10, **engine_params}, autocommit=True) as sender:
             sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
         deadline = time.monotonic() + PROBE_TIMEOUT
         while not self._listener_stop.is_set() and (left := deadline - time.monotonic()) > 0:
