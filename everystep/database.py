@@ -7,6 +7,13 @@ are bound to it, and raw SQL and transactions ask :func:`alias` for it. A
 project's own tables may live elsewhere; ``schedule()`` then joins the
 caller's transaction only when that transaction is on this alias
 (``transaction.atomic(using=...)``).
+
+``EVERYSTEP_LISTEN_DATABASE`` (default: ``EVERYSTEP_DATABASE``) names the
+alias whose connection settings a worker's LISTEN connection uses. Behind a
+pooler in transaction mode (PgBouncer) that must be a direct connection to the
+same PostgreSQL database: LISTEN is session state, which such a pooler hands
+to another client after each transaction. Only its settings are used (the
+worker opens that one connection itself); nothing else goes there.
 """
 
 import contextlib
@@ -22,6 +29,11 @@ logger = logging.getLogger("everystep")
 def alias() -> str:
     """The alias of ``DATABASES`` that holds everystep's tables."""
     return getattr(settings, "EVERYSTEP_DATABASE", "default")
+
+
+def listen_alias() -> str:
+    """The alias of ``DATABASES`` whose settings the workers' LISTEN connection uses."""
+    return getattr(settings, "EVERYSTEP_LISTEN_DATABASE", None) or alias()
 
 
 def connection():

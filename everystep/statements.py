@@ -16,7 +16,7 @@ Every write to a claimed run is fenced: it matches only while the run is
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from . import database, serde
@@ -99,13 +99,32 @@ def execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False
     """Run ``sql`` on ``conn`` (prepared on PostgreSQL when ``prepared``); the
     rows (``fetch``) or the number of rows written."""
     if prepared and conn.vendor == "postgresql":
-        with conn.wrap_database_errors:
-            cursor = _prepared_cursor(conn)
-            cursor.execute(sql, params, prepare=True)
-            return cursor.fetchall() if fetch else cursor.rowcount
+        try:
+            with conn.wrap_database_errors:
+                cursor = _prepared_cursor(conn)
+                cursor.execute(sql, params, prepare=True)
+                return cursor.fetchall() if fetch else cursor.rowcount
+        except DatabaseError as exc:
+            if _lost_prepared_statement(exc):
+                # The same error class (the callers' handling stays), saying what to do.
+                raise type(exc)(f"{exc} {POOLER_HINT}") from exc
+            raise
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if fetch else cursor.rowcount
+
+
+POOLER_HINT = (
+    "(a prepared statement of this connection is missing or doubled: a pooler in transaction mode, "
+    "such as PgBouncer before 1.21 or without max_prepared_statements, stands between everystep and "
+    "PostgreSQL; set EVERYSTEP_PREPARED_STATEMENTS = False)"
+)
+
+
+def _lost_prepared_statement(exc: DatabaseError) -> bool:
+    """PostgreSQL's "prepared statement ... does not exist" (26000) or "... already
+    exists" (42P05): what a statement prepared on one server connection meets on another."""
+    return getattr(exc.__cause__, "sqlstate", None) in ("26000", "42P05")
 
 
 def _prepared_cursor(conn) -> "psycopg.Cursor":
