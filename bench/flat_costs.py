@@ -48,12 +48,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
-    DEFAULT_DATABASE_URL, LOGDIR, kept_database, median, scratch_database, table,
+    DEFAULT_DATABASE_URL,
+    LOGDIR,
+    kept_database,
+    median,
+    scratch_database,
+    table,
 )
 
 DAYS = 30
 LIMIT = 1.20  # full / empty
-RUN_NAMES = ["bench.workflows.ten_steps"] * 4 + ["bench.workflows.many_steps"]  # registered: the UI can filter by them
+# Registered names: the UI's workflow filter offers only those.
+RUN_NAMES = ["bench.workflows.ten_steps"] * 4 + ["bench.workflows.many_steps"]
 
 # One statement per chunk of runs: the runs (UUIDv7 ids, one distinct
 # millisecond each, oldest first) and their steps, in id order as workers
@@ -78,7 +84,8 @@ WITH source AS (
         'worker-' || (i %% 4),
         CASE WHEN status = 'completed' THEN jsonb_build_object('ok', true, 'order_id', i) END,
         CASE WHEN status = 'failed' THEN jsonb_build_object(
-                'type', 'builtins.ValueError', 'message', 'card declined for order ' || i, 'args', '[]'::jsonb)
+                'type', 'builtins.ValueError', 'message', 'card declined for order ' || i,
+                'args', '[]'::jsonb)
              WHEN status = 'stopped' THEN jsonb_build_object(
                 'type', 'everystep.errors.Terminal', 'message', 'out of stock', 'args', '[]'::jsonb)
         END,
@@ -226,7 +233,8 @@ def one_round(alias: str, client, args, run_page: dict) -> dict[str, float]:
         latencies, steps_per_s, run_id = claims_and_steps(args.claims)
         run_page.setdefault(alias, run_id)  # the same run every round
         figures = {"claim latency, ms": median(latencies), "steps/s, one thread": steps_per_s}
-        figures.update({f"{label}, ms": ms for label, ms in page_times(client, run_page[alias], args.requests).items()})
+        times = page_times(client, run_page[alias], args.requests)
+        figures.update({f"{label}, ms": ms for label, ms in times.items()})
     return figures
 
 
@@ -266,7 +274,8 @@ def fleet_rate(args) -> dict:
     from bench.throughput import everystep_round
 
     figures = everystep_round(args.fleet_runs, args.workers, args.pool, 0.2, LOGDIR)
-    return {**figures, "source": f"measured: {args.fleet_runs} runs, {args.workers} workers x pool {args.pool}"}
+    source = f"measured: {args.fleet_runs} runs, {args.workers} workers x pool {args.pool}"
+    return {**figures, "source": source}
 
 
 def disk(steps: int) -> dict:
@@ -286,7 +295,9 @@ def disk(steps: int) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=100_000, help="finished runs in the full database")
     parser.add_argument("--steps", type=int, default=1_000_000, help="step rows in the full database")
     parser.add_argument("--baseline-runs", type=int, default=5000,
@@ -342,9 +353,10 @@ def main(argv=None):
         ok = ratio >= 1 / LIMIT if rate else ratio <= LIMIT
         figures[label] = {"empty": empty, "full": full, "ratio": ratio, "pass": ok}
         rows.append([label, f"{empty:.2f}", f"{full:.2f}", f"{ratio:.2f}", "PASS" if ok else "MISS"])
-    print(f"\nFlat costs: a baseline of {args.baseline_runs} finished runs vs {args.runs} finished runs and {args.steps} step rows; "
+    print(f"\nFlat costs: a baseline of {args.baseline_runs} finished runs vs {args.runs} finished runs "
+          f"and {args.steps} step rows; "
           f"median of {args.rounds} alternating rounds ({args.claims} claims and runs, "
-          f"{args.requests} requests per page per round); target full/empty within {LIMIT:.2f}")
+          f"{args.requests} requests per page per round); target full/baseline within {LIMIT:.2f}")
     print(table(rows, ["figure", "baseline", "full", "full/baseline", "verdict"]))
 
     figures["disk"] = disk(args.steps)  # before the prune leaves dead rows behind
@@ -358,8 +370,8 @@ def main(argv=None):
     print(f"\nPrune vs fleet ({fleet['source']}):")
     prune_rows = [[f"prune, half {n + 1}", h["runs"], f"{h['seconds']:.1f}", f"{h['runs_per_s']:.0f}",
                    f"{h['steps_per_s']:.0f}"] for n, h in enumerate(halves)]
-    prune_rows.append(["prune, all", sum(h["runs"] for h in halves), f"{sum(h['seconds'] for h in halves):.1f}",
-                       f"{prune_runs:.0f}", f"{prune_steps:.0f}"])
+    pruned, seconds = sum(h["runs"] for h in halves), sum(h["seconds"] for h in halves)
+    prune_rows.append(["prune, all", pruned, f"{seconds:.1f}", f"{prune_runs:.0f}", f"{prune_steps:.0f}"])
     prune_rows.append(["fleet inserts", fleet.get("runs", "-"), f"{fleet.get('seconds', 0):.1f}",
                        f"{fleet['runs_per_s']:.0f}", f"{fleet['steps_per_s']:.0f}"])
     print(table(prune_rows, ["", "runs", "seconds", "runs/s", "steps/s"]))
