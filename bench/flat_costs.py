@@ -1,13 +1,16 @@
-"""Flat costs as history grows, on PostgreSQL: the same work on an empty
-database and on one holding a long history, side by side, and the prune
-against the rate a fleet of workers makes history.
+"""Flat costs as history grows, on PostgreSQL: the same work on a small
+history and on a long one, side by side, and the prune against the rate a
+fleet of workers makes history.
 
-Two databases of the run's own: ``empty`` (everystep's tables empty) and
-``full``, loaded in SQL (``INSERT ... SELECT generate_series``) with
-``--runs`` finished runs of ``--steps / --runs`` steps each, spread over 30
-days with time-ordered UUIDv7 ids (mostly completed, 2% failed, 0.1%
-stopped), then VACUUM ANALYZE. Each round measures, on one database and then
-the other (the order alternating round by round):
+Two databases of the run's own: the baseline, with ``--baseline-runs``
+finished runs (5,000: enough for every list page to be full, so that both
+render the same rows), and the full one, with ``--runs`` finished runs of
+``--steps / --runs`` steps each. Both are loaded in SQL (``INSERT ... SELECT
+generate_series``): runs spread over 30 days ending a day ago, time-ordered
+UUIDv7 ids in created order, mostly completed, 2% failed, 0.1% stopped; then
+VACUUM ANALYZE. Each round measures both databases operation by operation,
+the one going first alternating, so that both share whatever else the
+machine does at that moment:
 
 - claim latency: ``claims.claim_runs(limit=1)`` on a queue of ``--claims``
   freshly scheduled runs, one claim at a time;
@@ -18,19 +21,21 @@ the other (the order alternating round by round):
   through Django's test client (logged in, ``DEBUG`` off), ``--requests``
   each after a warm-up request.
 
-Each figure is the median over rounds of the round medians; the full/empty
-ratio is judged against 1.20. Then ``everystep_prune`` on the full database,
-in two halves (the oldest ``--prune-fraction / 2`` of the history, then the
-next), as runs/s and step rows/s removed, next to the insert rate of a fleet
-(``--workers`` worker processes x ``--pool``, bench/throughput.py's round, on
-the empty database) or ``--fleet-steps-per-s`` if given. Last, the disk the
-full database's tables take per million steps (``pg_total_relation_size``).
+Each figure is the median over rounds of the round medians (after one
+warm-up round); the full/baseline ratio is judged against 1.20. Then
+``everystep_prune`` on the full database, in two halves (the oldest
+``--prune-fraction / 2`` of the history, then the next), as runs/s and step
+rows/s removed, next to the insert rate of a fleet (``--workers`` worker
+processes x ``--pool``, bench/throughput.py's round, on the baseline
+database) or ``--fleet-steps-per-s`` if given. The disk the full database's
+tables take per million steps (``pg_total_relation_size``) is measured
+before the prune.
 
 The full database takes minutes to load at the issue's size (10 million
 steps, a million runs); ``--keep`` keeps it (``everystep_bench_flat_<runs>_<steps>``
 next to ``EVERYSTEP_BENCH_DATABASE_URL``'s database) for the next ``--keep``
 run. Without it both databases are dropped at the end. The prune deletes
-part of the history, so a kept database is topped up again on its next use.
+part of the history, so a kept database is loaded again on its next use.
 
 Usage: python bench/flat_costs.py [--runs 1000000 --steps 10000000] [--rounds 5] [--claims 50]
        [--requests 5] [--prune-fraction 0.1] [--fleet-runs 2000 | --fleet-steps-per-s N] [--keep]
@@ -57,7 +62,7 @@ from bench.common import (  # noqa: E402
 )
 
 DAYS = 30
-LIMIT = 1.20  # full / empty
+LIMIT = 1.20  # full / baseline
 # Registered names: the UI's workflow filter offers only those.
 RUN_NAMES = ["bench.workflows.ten_steps"] * 4 + ["bench.workflows.many_steps"]
 
@@ -110,10 +115,10 @@ CHUNK_RUNS = 100_000
 
 
 def make_databases(runs: int, steps: int, keep: bool) -> None:
-    """Create both databases, load Django on them (``default`` is the empty one,
+    """Create both databases, load Django on them (``default`` is the baseline,
     ``full`` the other) and migrate both."""
     url = os.environ.get("EVERYSTEP_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = scratch_database(url, "flat_empty")
+    os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = scratch_database(url, "flat_base")
     os.environ["EVERYSTEP_BENCH_FULL_DATABASE_URL"] = (
         kept_database(url, f"flat_{runs}_{steps}") if keep else scratch_database(url, "flat_full")
     )
@@ -161,6 +166,8 @@ def load(alias: str, runs: int, steps: int) -> None:
 
 # ---------------------------------------------------------------- one round
 
+ALIASES = {"baseline": "default", "full": "full"}
+
 
 def on(alias: str):
     """Everystep's queries (engine and UI) go to ``alias`` inside this block."""
@@ -169,31 +176,45 @@ def on(alias: str):
     return override_settings(EVERYSTEP_DATABASE=alias)
 
 
-def claims_and_steps(claims: int) -> tuple[list[float], float, str]:
-    """Claim latencies (ms), the runner's steps/s over the claimed runs, and the
-    id of one of them (for the run page)."""
+def pairs(count: int):
+    """``count`` times both databases, the one going first alternating: the two
+    share whatever else the machine is doing at that moment."""
+    names = list(ALIASES)
+    for i in range(count):
+        for name in names if i % 2 == 0 else names[::-1]:
+            yield i, name
+
+
+def claims_and_steps(claims: int) -> tuple[dict, dict, dict]:
+    """Per database: claim latencies (ms), the runner's steps/s over the
+    claimed runs, and the id of one of them (for the run page)."""
     from bench.workflows import ten_steps
     from everystep import claims as claiming
     from everystep import database, runner, schedule
 
-    with database.atomic():
-        for _ in range(claims):
-            schedule(ten_steps)
-    latencies, claimed = [], []
-    for _ in range(claims):
-        start = time.perf_counter()
-        runs = claiming.claim_runs("bench-flat", 1)
-        latencies.append((time.perf_counter() - start) * 1000)
-        claimed += runs
-    if len(claimed) != claims:
-        raise RuntimeError(f"claimed {len(claimed)} of {claims} fresh runs")
-    start = time.perf_counter()
-    for run in claimed:
-        status = runner.execute(run, "bench-flat")
+    for alias in ALIASES.values():
+        with on(alias), database.atomic():
+            for _ in range(claims):
+                schedule(ten_steps)
+    latencies = {name: [] for name in ALIASES}
+    claimed = {name: [] for name in ALIASES}
+    for _, name in pairs(claims):
+        with on(ALIASES[name]):
+            start = time.perf_counter()
+            runs = claiming.claim_runs("bench-flat", 1)
+            latencies[name].append((time.perf_counter() - start) * 1000)
+            claimed[name] += runs
+    seconds = {name: 0.0 for name in ALIASES}
+    for i, name in pairs(claims):
+        run = claimed[name][i]
+        with on(ALIASES[name]):
+            start = time.perf_counter()
+            status = runner.execute(run, "bench-flat")
+            seconds[name] += time.perf_counter() - start
         if status != "completed":
             raise RuntimeError(f"run {run.id} ended {status}")
-    steps_per_s = 10 * len(claimed) / (time.perf_counter() - start)
-    return latencies, steps_per_s, str(claimed[-1].id)
+    steps_per_s = {name: 10 * claims / seconds[name] for name in ALIASES}
+    return latencies, steps_per_s, {name: str(runs[-1].id) for name, runs in claimed.items()}
 
 
 def pages(run_id: str) -> list[tuple[str, str]]:
@@ -212,29 +233,39 @@ def pages(run_id: str) -> list[tuple[str, str]]:
     ]
 
 
-def page_times(client, run_id: str, requests: int) -> dict[str, float]:
-    times = {}
-    for label, url in pages(run_id):
-        samples = []
-        for i in range(requests + 1):
-            start = time.perf_counter()
-            response = client.get(url)
-            elapsed = (time.perf_counter() - start) * 1000
+def page_times(client, run_ids: dict, requests: int) -> dict[str, dict[str, float]]:
+    """Per database, each page's median time (ms) over ``requests`` requests
+    after a warm-up one."""
+    urls = {name: pages(run_ids[name]) for name in ALIASES}
+    times = {name: {} for name in ALIASES}
+    for page in range(len(urls["full"])):
+        samples = {name: [] for name in ALIASES}
+        for i, name in pairs(requests + 1):
+            label, url = urls[name][page]
+            with on(ALIASES[name]):
+                start = time.perf_counter()
+                response = client.get(url)
+                elapsed = (time.perf_counter() - start) * 1000
             if response.status_code != 200:
                 raise RuntimeError(f"GET {url} answered {response.status_code}")
-            if i:  # the first is a warm-up
-                samples.append(elapsed)
-        times[label] = median(samples)
+            if i:  # the first of each is a warm-up
+                samples[name].append(elapsed)
+        for name in ALIASES:
+            times[name][label] = median(samples[name])
     return times
 
 
-def one_round(alias: str, client, args, run_page: dict) -> dict[str, float]:
-    with on(alias):
-        latencies, steps_per_s, run_id = claims_and_steps(args.claims)
-        run_page.setdefault(alias, run_id)  # the same run every round
-        figures = {"claim latency, ms": median(latencies), "steps/s, one thread": steps_per_s}
-        times = page_times(client, run_page[alias], args.requests)
-        figures.update({f"{label}, ms": ms for label, ms in times.items()})
+def one_round(client, args, run_page: dict) -> dict[str, dict[str, float]]:
+    """Both databases side by side, operation by operation; each one's figures."""
+    latencies, steps_per_s, run_ids = claims_and_steps(args.claims)
+    for name, run_id in run_ids.items():
+        run_page.setdefault(name, run_id)  # the same run every round
+    times = page_times(client, run_page, args.requests)
+    figures = {}
+    for name in ALIASES:
+        figures[name] = {"claim latency, ms": median(latencies[name]),
+                         "steps/s, one thread": steps_per_s[name]}
+        figures[name].update({f"{label}, ms": ms for label, ms in times[name].items()})
     return figures
 
 
@@ -335,24 +366,22 @@ def main(argv=None):
     client = Client()
     client.force_login(user)
 
-    rounds = {"empty": [], "full": []}
+    rounds = {name: [] for name in ALIASES}
     run_page = {}
-    for alias in ("default", "full"):  # warm-up: connections, prepared statements, templates
-        one_round(alias, client, args, run_page)
-    for i in range(args.rounds):
-        order = [("empty", "default"), ("full", "full")]
-        for name, alias in order if i % 2 == 0 else order[::-1]:
-            rounds[name].append(one_round(alias, client, args, run_page))
+    one_round(client, args, run_page)  # warm-up: connections, prepared statements, templates
+    for _ in range(args.rounds):
+        for name, figures in one_round(client, args, run_page).items():
+            rounds[name].append(figures)
     figures, rows = {}, []
-    for label in rounds["empty"][0]:
-        empty = median([r[label] for r in rounds["empty"]])
+    for label in rounds["baseline"][0]:
+        base = median([r[label] for r in rounds["baseline"]])
         full = median([r[label] for r in rounds["full"]])
-        # For a rate, "flat" is full/empty above 1/1.20; for a time, below 1.20.
+        # For a rate, "flat" is full/baseline above 1/1.20; for a time, below 1.20.
         rate = label.startswith("steps/s")
-        ratio = full / empty
+        ratio = full / base
         ok = ratio >= 1 / LIMIT if rate else ratio <= LIMIT
-        figures[label] = {"empty": empty, "full": full, "ratio": ratio, "pass": ok}
-        rows.append([label, f"{empty:.2f}", f"{full:.2f}", f"{ratio:.2f}", "PASS" if ok else "MISS"])
+        figures[label] = {"baseline": base, "full": full, "ratio": ratio, "pass": ok}
+        rows.append([label, f"{base:.2f}", f"{full:.2f}", f"{ratio:.2f}", "PASS" if ok else "MISS"])
     print(f"\nFlat costs: a baseline of {args.baseline_runs} finished runs vs {args.runs} finished runs "
           f"and {args.steps} step rows; "
           f"median of {args.rounds} alternating rounds ({args.claims} claims and runs, "
