@@ -324,7 +324,8 @@ def test_the_prune_statements_use_indexes_on_a_big_table():
         cursor.execute("VACUUM ANALYZE everystep_step")
     with CaptureQueriesContext(conn) as pruned:
         assert operations.prune(older_than=dt.timedelta(days=29), batch=200) == 667
-    statements = [q["sql"] for q in pruned.captured_queries if q["sql"].startswith(("SELECT", "DELETE", "UPDATE"))]
+    writes_and_reads = ("SELECT", "DELETE", "UPDATE")
+    statements = [q["sql"] for q in pruned.captured_queries if q["sql"].startswith(writes_and_reads)]
     assert any(sql.startswith("DELETE FROM \"everystep_step\"") for sql in statements), statements
     with conn.cursor() as cursor:
         for sql in statements:
