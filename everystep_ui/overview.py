@@ -12,7 +12,7 @@ workers are the heartbeat table, a row per worker.
 
 The counts of the history (completed, failed, stopped) grow with every run
 ever made: counting them exactly reads every one of their index entries, a
-cost that grows with the table (about 100 ms at a million runs). Above
+cost that grows with the table (about 120 ms at a million runs). Above
 ``ESTIMATE_ABOVE`` rows, on PostgreSQL, they are the planner's statistics
 instead (the table's row estimate times each status's share, kept by
 ANALYZE), shown as estimates; a status too rare to be in the statistics is
