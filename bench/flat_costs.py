@@ -269,6 +269,28 @@ def one_round(client, args, run_page: dict) -> dict[str, dict[str, float]]:
     return figures
 
 
+def claim_buffers(alias: str) -> int:
+    """Buffers the claim's read touches (``EXPLAIN (ANALYZE, BUFFERS)`` of its
+    subquery, with one run waiting): what the claim reads, load aside."""
+    import re
+
+    from django.db import connections
+
+    from bench.workflows import ten_steps
+    from everystep import claims, runner, schedule
+
+    with on(alias):
+        schedule(ten_steps)
+        select = claims.POSTGRESQL[claims.POSTGRESQL.index("SELECT"):claims.POSTGRESQL.index(") RETURNING")]
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {select}", [[], 1])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        for run in claims.claim_runs("bench-flat", 1):  # leave no run waiting
+            runner.execute(run, "bench-flat")
+    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+    return int(found[1]) + int(found[2] or 0) if found else -1
+
+
 # ---------------------------------------------------------------- the prune
 
 
@@ -389,6 +411,10 @@ def main(argv=None):
     print(table(rows, ["figure", "baseline", "full", "full/baseline", "verdict"]))
 
     figures["disk"] = disk(args.steps)  # before the prune leaves dead rows behind
+    buffers = {name: claim_buffers(alias) for name, alias in ALIASES.items()}
+    figures["claim buffers"] = buffers
+    print(f"claim's read (EXPLAIN ANALYZE, BUFFERS): baseline {buffers['baseline']} buffers, "
+          f"full {buffers['full']} buffers")
     fleet = fleet_rate(args)
     halves = prune_rates(args.runs, args.steps, args.prune_fraction)
     prune_runs = sum(h["runs"] for h in halves) / sum(h["seconds"] for h in halves)

@@ -126,7 +126,8 @@ def test_flat_costs(tmp_path):
     figures = json.loads(out.read_text())
     assert {"claim latency, ms", "steps/s, one thread", "runs list, ms", "overview, ms"} <= set(figures)
     assert all(figures[label]["baseline"] > 0 and figures[label]["full"] > 0 for label in figures
-               if label not in ("prune", "disk"))
+               if label not in ("prune", "disk", "claim buffers"))
+    assert all(buffers > 0 for buffers in figures["claim buffers"].values())
     assert [half["runs"] for half in figures["prune"]["halves"]] == [20, 20]
     assert figures["disk"]["step_rows"] >= 4000 and figures["disk"]["mb_per_million_steps"] > 0
 
