@@ -35,7 +35,7 @@ The full database takes minutes to load at the issue's size (10 million
 steps, a million runs); ``--keep`` keeps it (``everystep_bench_flat_<runs>_<steps>``
 next to ``EVERYSTEP_BENCH_DATABASE_URL``'s database) for the next ``--keep``
 run. Without it both databases are dropped at the end. The prune deletes
-part of the history, so a kept database is loaded again on its next use.
+the oldest part of the history; the next ``--keep`` run puts it back.
 
 Usage: python bench/flat_costs.py [--runs 1000000 --steps 10000000] [--rounds 5] [--claims 50]
        [--requests 5] [--prune-fraction 0.1] [--fleet-runs 2000 | --fleet-steps-per-s N] [--keep]
@@ -138,21 +138,32 @@ def load(alias: str, runs: int, steps: int) -> None:
 
     per_run = steps // runs
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM everystep_workflow WHERE claimed_by LIKE 'worker-%%'")
-        (present,) = cursor.fetchone()
-        if present >= runs:
-            print(f"flat_costs: reusing the {present} loaded runs")
-            return
-        # Refill from scratch: a kept database the prune thinned out.
-        cursor.execute("TRUNCATE everystep_run_fork, everystep_step, everystep_workflow")
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS bench_flat_load (runs bigint, steps bigint, start_ms bigint)"
+        )
+        cursor.execute("SELECT runs, steps, start_ms FROM bench_flat_load")
+        loaded = cursor.fetchone()
+        if loaded is None or loaded[:2] != (runs, steps):
+            cursor.execute("TRUNCATE bench_flat_load, everystep_run_fork, everystep_step, everystep_workflow")
+            # Ending a day ago: the overview's last hour and the queue are the bench's own.
+            start_ms = int(time.time() * 1000) - (DAYS + 1) * 86_400_000
+            cursor.execute("INSERT INTO bench_flat_load VALUES (%s, %s, %s)", [runs, steps, start_ms])
+            missing = runs
+        else:
+            # A kept database the prune thinned out: its oldest runs (the
+            # first ``missing`` of the series) go back in.
+            start_ms = loaded[2]
+            cursor.execute("SELECT count(*) FROM everystep_workflow WHERE claimed_by LIKE 'worker-%%'")
+            missing = runs - cursor.fetchone()[0]
+            if missing <= 0:
+                print(f"flat_costs: reusing the {runs} runs loaded into {alias}")
+                return
         cursor.execute("SET synchronous_commit = off")
-        print(f"flat_costs: loading {runs} runs x {per_run} steps into {alias}...", flush=True)
+        print(f"flat_costs: loading {missing} runs x {per_run} steps into {alias}...", flush=True)
         started = time.perf_counter()
-        # Ending a day ago: the overview's last hour and the queue are the bench's own.
-        start_ms = int(time.time() * 1000) - (DAYS + 1) * 86_400_000
         spacing = DAYS * 86_400_000 / runs
-        for first in range(1, runs + 1, CHUNK_RUNS):
-            last = min(runs, first + CHUNK_RUNS - 1)
+        for first in range(1, missing + 1, CHUNK_RUNS):
+            last = min(missing, first + CHUNK_RUNS - 1)
             cursor.execute(LOAD_CHUNK, {
                 "start_ms": start_ms, "spacing_ms": spacing, "first": first, "last": last,
                 "names": RUN_NAMES, "name_count": len(RUN_NAMES), "per_run": per_run,
