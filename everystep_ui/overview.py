@@ -33,7 +33,7 @@ from everystep import cron, heartbeats, registry
 from everystep.models import Heartbeat, Workflow
 
 from . import display, views
-from .paginators import EstimatedCountPaginator, estimated_row_count
+from .paginators import EstimatedCountPaginator
 
 Status = Workflow.Status
 # The statuses history accumulates in; the others stay small and are always exact.
@@ -50,27 +50,34 @@ def status_counts_query():
     return Workflow.objects.order_by().values_list("status").annotate(n=Count("*"))
 
 
-def status_shares(queryset) -> dict[str, float]:
-    """PostgreSQL's most-common-values statistics of the status column: each
-    frequent status's share of the rows (empty before the first ANALYZE)."""
+def table_statistics(queryset) -> tuple[int, dict[str, float]] | None:
+    """PostgreSQL's statistics of the runs table, in one query: its estimated
+    rows (``pg_class.reltuples``) and each frequent status's share of them
+    (``pg_stats``; empty before the first ANALYZE). None off PostgreSQL, or
+    for a table never analysed."""
     connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    table = queryset.model._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT most_common_vals::text::text[], most_common_freqs FROM pg_stats "
-            "WHERE schemaname = current_schema() AND tablename = %s AND attname = 'status'",
-            [queryset.model._meta.db_table],
+            "SELECT c.reltuples, s.most_common_vals::text::text[], s.most_common_freqs "
+            "FROM pg_class AS c LEFT JOIN pg_stats AS s ON s.schemaname = current_schema() "
+            "AND s.tablename = %s AND s.attname = 'status' WHERE c.oid = to_regclass(%s)",
+            [table, connection.ops.quote_name(table)],
         )
         row = cursor.fetchone()
-    return dict(zip(row[0], row[1], strict=True)) if row and row[0] else {}
+    if row is None or row[0] is None or row[0] < 0:
+        return None
+    return int(row[0]), dict(zip(row[1], row[2], strict=True)) if row[1] else {}
 
 
 def status_counts() -> tuple[dict[str, int], bool]:
     """Runs per status, and whether the history's counts are estimates."""
-    runs = Workflow.objects.all()
-    rows = estimated_row_count(runs)  # None off PostgreSQL
-    if rows is None or rows <= ESTIMATE_ABOVE:
+    statistics = table_statistics(Workflow.objects.all())
+    if statistics is None or statistics[0] <= ESTIMATE_ABOVE:
         return dict(status_counts_query()), False
-    shares = status_shares(runs)
+    rows, shares = statistics
     estimated = {status: round(rows * shares[status]) for status in HISTORY if status in shares}
     # A positive list, which the status index serves (a NOT IN would read the table).
     rest = [status for status in Status.values if status not in estimated]
