@@ -22,6 +22,7 @@ from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.shortcuts import redirect
 from django.urls import path, reverse
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.translation import gettext
 
@@ -153,6 +154,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     # Pages
 
+    @method_decorator(views.reading_replica)
     def changelist_view(self, request, extra_context=None):
         # Django drops a bulk action the user may not take and shows the list
         # again; refuse it outright, as the run page's actions do.

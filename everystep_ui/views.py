@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep import heartbeats, waits
+from everystep import database, heartbeats, waits
 from everystep.models import ChildRun, Heartbeat, RunFork, Step, Wait, Workflow
 
 from . import display, tree
@@ -36,12 +36,42 @@ CHILDREN_SHOWN = 50  # and this many of its child runs
 END_LABELS = {"failed": "Failed at", "stopped": "Stopped at", "blocked": "Blocked since"}
 
 
+def read_alias() -> str | None:
+    """``EVERYSTEP_UI_READ_DATABASE``: the alias the pages read from (a
+    streaming replica of everystep's database), or None for that database."""
+    from django.conf import settings
+
+    return getattr(settings, "EVERYSTEP_UI_READ_DATABASE", None)
+
+
+def reading_replica(view):
+    """Serve GET and HEAD requests from ``EVERYSTEP_UI_READ_DATABASE``: the
+    pages and the action forms read there, rendered inside the block (a
+    TemplateResponse renders after the view returns). Every other method
+    (an action's POST, a bulk action) writes to everystep's database: an
+    action's fence on the status the form saw (``seen_status``) then refuses
+    it if the replica showed a state the primary has left."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        alias = read_alias()
+        if alias is None or request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        with database.reading_from(alias):
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not response.is_rendered:
+                response.render()
+        return response
+
+    return wrapper
+
+
 def staff_only(view, admin_site):
     """``admin_site.admin_view`` (active staff only, never cached), except that an
     HTMX request without a valid session gets a client redirect to the login
     page: htmx would follow a plain redirect and swap the login form into a
     fragment of the page."""
-    protected = admin_site.admin_view(view)
+    protected = admin_site.admin_view(reading_replica(view))
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):

@@ -124,6 +124,23 @@ def test_ui_pages(tmp_path):
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
 
 
+def test_flat_costs(tmp_path):
+    out = tmp_path / "figures.json"
+    done = bench(
+        "flat_costs.py", "--runs", "400", "--steps", "4000", "--baseline-runs", "100", "--rounds", "1",
+        "--claims", "2", "--requests", "1", "--fleet-steps-per-s", "2000", "--json", str(out),
+    )
+    made = re.findall(r"^database (\S+) \(dropped at exit\)$", done.stdout, re.M)
+    assert len(made) == 2 and not any(database_exists(name) for name in made)
+    figures = json.loads(out.read_text())
+    assert {"claim latency, ms", "steps/s, one thread", "runs list, ms", "overview, ms"} <= set(figures)
+    assert all(figures[label]["baseline"] > 0 and figures[label]["full"] > 0 for label in figures
+               if label not in ("prune", "disk", "claim buffers"))
+    assert all(buffers > 0 for buffers in figures["claim buffers"].values())
+    assert [half["runs"] for half in figures["prune"]["halves"]] == [20, 20]
+    assert figures["disk"]["step_rows"] >= 4000 and figures["disk"]["mb_per_million_steps"] > 0
+
+
 def test_history_operations(tmp_path):
     figures = figures_of(tmp_path, "history.py", "--runs", "2", "--steps", "50", "--payload-kb", "0.1")
     assert set(figures) == {"preview", "fork", "re-run"}

@@ -228,7 +228,7 @@ STATUS_MIX = ["completed"] * 90 + ["failed"] * 5 + ["stopped"] * 2 + ["blocked",
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_overview_queries_use_indexes_on_a_big_table():
+def test_the_overview_queries_use_indexes_on_a_big_table(monkeypatch, admin_client):
     if database.connection().vendor != "postgresql":
         pytest.skip("the plans checked are PostgreSQL's")
     rng = random.Random(7)
@@ -268,6 +268,24 @@ def test_the_overview_queries_use_indexes_on_a_big_table():
         assert "everystep_workflow" in plan, f"{what}:\n{plan}"
     # And the figures still add up.
     assert overview.figures(now)["total"] == 20_000
+    exact = dict(overview.status_counts_query())
+
+    # Above the threshold the history's counts are the statistics' estimates,
+    # the statuses that stay small are still counted, by the status index.
+    monkeypatch.setattr(overview, "ESTIMATE_ABOVE", 10_000)
+    counts, estimated = overview.status_counts()
+    assert estimated
+    for status in overview.HISTORY:
+        assert counts[status] == pytest.approx(exact[status], rel=0.25), status
+    for status in ("scheduled", "running", "blocked"):
+        assert counts[status] == exact[status], status
+    rest = overview.status_counts_query().filter(status__in=["scheduled", "running", "blocked"])
+    assert "Seq Scan" not in rest.explain()
+    response = admin_client.get(PAGE)
+    assert 'id="es-counts-estimated"' in response.text
+
+    monkeypatch.setattr(overview, "ESTIMATE_ABOVE", 100_000)
+    assert overview.status_counts() == (exact, False)
 
 
 # The cron schedules
