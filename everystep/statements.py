@@ -49,7 +49,7 @@ def insert_step(
         if pg is not None:
             values = [str(run_id), step_id, name, _json_text(args), _json_text(kwargs), status,
                       _json_text(result), _json_text(error), str(run_id), claimer]
-            return _execute_libpq(conn, pg, _INSERT_STEP_LIBPQ, values).command_tuples == 1
+            return _execute_libpq(conn, pg, _INSERT_STEP_LIBPQ, values) == 1
     run = uuid_param(conn, run_id)
     params = [
         run, step_id, name, json_param(conn, args), json_param(conn, kwargs), status,
@@ -64,14 +64,8 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
     from .models import Step
 
     conn = database.connection()
-    prepared = prepared_statements()
-    if prepared and conn.vendor == "postgresql":
-        pg = _autocommit_psycopg(conn)
-        if pg is not None:
-            result = _execute_libpq(conn, pg, _LOAD_OUTCOMES_LIBPQ, [str(run_id)])
-            return _outcomes_of(result, pg.info.encoding)
     decode = Step._meta.get_field("result").from_db_value
-    rows = execute(conn, LOAD_OUTCOMES, [uuid_param(conn, run_id)], prepared, fetch=True)
+    rows = execute(conn, LOAD_OUTCOMES, [uuid_param(conn, run_id)], prepared_statements(), fetch=True)
     return (
         (step_id, status, name, decode(result, None, conn), decode(error, None, conn))
         for step_id, status, name, result, error in rows
@@ -81,24 +75,15 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
 def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
     """``running`` under ``claimer`` -> ``status``; False if the run moved on."""
     conn = database.connection()
-    result = None if result is None else serde.encode(result)
-    error = None if error is None else serde.encode(error)
-    prepared = prepared_statements()
-    if prepared and conn.vendor == "postgresql":
-        pg = _autocommit_psycopg(conn)
-        if pg is not None:
-            values = [status, _json_text(result), _json_text(error), timezone.now().isoformat(), str(run_id),
-                      claimer]
-            return _execute_libpq(conn, pg, _FINISH_RUN_LIBPQ, values).command_tuples == 1
     params = [
         status,
-        json_param(conn, result),
-        json_param(conn, error),
+        json_param(conn, None if result is None else serde.encode(result)),
+        json_param(conn, None if error is None else serde.encode(error)),
         conn.ops.adapt_datetimefield_value(timezone.now()),
         uuid_param(conn, run_id),
         claimer,
     ]
-    return execute(conn, FINISH_RUN, params, prepared) == 1
+    return execute(conn, FINISH_RUN, params, prepared_statements()) == 1
 
 
 def json_param(conn, encoded):
@@ -130,17 +115,16 @@ def execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False
         return cursor.fetchall() if fetch else cursor.rowcount
 
 
-# ------------------------------------------------------------ through libpq
+# ------------------------------------------------------------ the step insert, through libpq
 #
-# A step's insert is the one statement a worker sends per step; loading a
-# run's outcomes and ending it, the two it sends per run besides the claim.
-# Through a psycopg cursor a statement costs about 75 us of CPU (adapting each
-# parameter, the query's conversion, the prepared-statement cache, the
-# result's bookkeeping); sent straight through libpq, prepared once per
-# connection with its parameter types declared and its values already as
-# text, about 35 us. Only on an autocommit connection: in a transaction
-# psycopg must send its BEGIN first, so the cursor path handles that case (and
-# the setting turning prepared statements off).
+# A step's insert is the one statement a worker sends per step. Through a
+# psycopg cursor it costs about 75 us of CPU (adapting each parameter, the
+# query's conversion, the prepared-statement cache, the result's bookkeeping);
+# sent straight through libpq, prepared once per connection with its
+# parameter types declared and its values already as text, about 35 us. Only
+# on an autocommit connection: in a transaction psycopg must send its BEGIN
+# first, so the cursor path handles that case (and the setting turning
+# prepared statements off).
 
 
 class _Libpq:
@@ -155,29 +139,11 @@ class _Libpq:
         self.name, self.sql, self.types = name.encode(), numbered.encode(), types
 
 
-_UUID, _TEXT, _JSONB, _TIMESTAMPTZ = 2950, 25, 3802, 1184
+_UUID, _TEXT, _JSONB = 2950, 25, 3802
 _INSERT_STEP_LIBPQ = _Libpq(
     "everystep_insert_step", INSERT_STEP,
     [_UUID, _TEXT, _TEXT, _JSONB, _JSONB, _TEXT, _JSONB, _JSONB, _UUID, _TEXT],
 )
-_LOAD_OUTCOMES_LIBPQ = _Libpq("everystep_load_outcomes", LOAD_OUTCOMES, [_UUID])
-_FINISH_RUN_LIBPQ = _Libpq(
-    "everystep_finish_run", FINISH_RUN, [_TEXT, _JSONB, _JSONB, _TIMESTAMPTZ, _UUID, _TEXT]
-)
-
-
-def _outcomes_of(result, encoding: str) -> Iterator[tuple[str, str, str, Any, Any]]:
-    """The rows of LOAD_OUTCOMES, decoded as the fields' ``from_db_value`` would
-    (``json.loads``, then ``serde.decode``), one at a time."""
-    for row in range(result.ntuples):
-        step_id, status, name, stored_result, stored_error = (
-            result.get_value(row, column) for column in range(5)
-        )
-        yield (
-            step_id.decode(encoding), status.decode(encoding), name.decode(encoding),
-            None if stored_result is None else serde.decode(json.loads(stored_result)),
-            None if stored_error is None else serde.decode(json.loads(stored_error)),
-        )
 
 
 def _json_text(encoded) -> str | None:
@@ -192,11 +158,10 @@ def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
     return pg if pg.autocommit else None
 
 
-def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: list[str | None]):
-    """Execute ``statement`` (prepared on this connection first if need be); its
-    result (``command_tuples``: the rows written; text-format rows). Errors are
-    psycopg's, as the cursor path raises them, turned into Django's by its
-    wrapper (which also marks the connection for a check)."""
+def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: list[str | None]) -> int:
+    """Execute ``statement`` (prepared on this connection first if need be); the
+    rows written. Errors are psycopg's, as the cursor path raises them, turned
+    into Django's by its wrapper (which also marks the connection for a check)."""
     from psycopg import errors, pq
 
     params = [None if value is None else value.encode() for value in values]
@@ -210,8 +175,8 @@ def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: li
                 _prepare(pgconn, statement, pg.info.encoding)
                 prepared[1].add(statement.name)
             result = pgconn.exec_prepared(statement.name, params)
-            if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-                return result
+            if result.status == pq.ExecStatus.COMMAND_OK:
+                return int(result.command_tuples or 0)
             error = _error(pgconn, result, pg.info.encoding)
             if isinstance(error, errors.InvalidSqlStatementName) and attempt == 1:
                 prepared[1].discard(statement.name)  # deallocated behind our back (DISCARD ALL)

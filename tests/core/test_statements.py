@@ -84,9 +84,9 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler():
     assert prepared_statements() == []
 
 
-# On an autocommit PostgreSQL connection (a worker's), the step insert, the
-# load of a run's outcomes and its end go straight through libpq; in a
-# transaction (the tests above) through a psycopg cursor. Both must read the same.
+# On an autocommit PostgreSQL connection (a worker's), the step insert goes
+# straight through libpq; in a transaction (the tests above) through a psycopg
+# cursor. Both must read the same.
 
 
 def autocommit_postgresql():
@@ -102,7 +102,7 @@ def insert(run_id, step_id: str, *, claimer: str = CLAIMER, result=None) -> bool
 
 
 @pytest.mark.django_db(transaction=True)
-def test_through_libpq_rows_read_back_through_the_orm():
+def test_in_autocommit_rows_read_back_through_the_orm():
     autocommit_postgresql()
     run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
     assert insert(run.id, "1", result=VALUE)
