@@ -11,7 +11,12 @@ and prints figures:
 - no unsafe-to-repeat effect ran twice (such runs end blocked instead);
 - no two workers ran the same run at the same time;
 - the restart happened (the server's start time changed) and the workers saw
-  it (they logged getting the database back);
+  it (they logged reconnecting);
+- with ``--pgbouncer``: the workers reach PostgreSQL through a PgBouncer of the
+  soak's own (transaction pooling, fewer server connections than worker
+  threads, prepared statements off, LISTEN straight to PostgreSQL), which is
+  killed and restarted once; the workers must log reconnecting
+  after that too;
 - a worker SIGKILLed and never restarted: the others requeue every run it held
   within EVERYSTEP_RECOVER_STALE_AFTER plus one poll of the kill (its heartbeat
   went stale), and finish them all (the checks above cover their effects).
@@ -19,6 +24,7 @@ and prints figures:
 Exits non-zero on any violation. Usage:
     python bench/chaos.py                 # the long soak (README figures)
     python bench/chaos.py --short         # about a minute (the test suite runs this)
+    python bench/chaos.py --short --pgbouncer   # the same behind PgBouncer
 """
 
 import argparse
@@ -36,14 +42,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import exit_on_sigterm, load_django, stop_workers, table  # noqa: E402
+from tests.throwaway_pgbouncer import ThrowawayPgBouncer, version  # noqa: E402
 from tests.throwaway_postgres import ThrowawayPostgres  # noqa: E402
 
-REGAINED = " back after "  # in a worker's "database back after ..." / "LISTEN connection back after ..."
+# What a worker logs when it reconnects: its claim loop or LISTEN connection
+# ("database back after ...", "LISTEN connection back after ..."), or a run's
+# thread ("database unavailable (...); reconnecting": a run's end or requeue
+# retried). Behind PgBouncer with Django's connection pool, a claim loop may
+# get a fresh connection without ever failing: the run threads are then the
+# ones that see the cut.
+RECONNECTED = (" back after ", "); reconnecting")
 POLL = 0.2  # the workers' --poll
 # Short heartbeats, so that the soak sees a dead worker's runs recovered soon.
 HEARTBEAT_INTERVAL = 0.5
 STALE_AFTER = 4.0
 RESOLUTION = 0.05  # how often the controller looks for the dead worker's runs
+PGBOUNCER_POOL = 3  # with --pgbouncer: its server connections
 
 
 class Fleet:
@@ -108,7 +122,7 @@ def restart_postgres(server: ThrowawayPostgres, logdir: Path) -> list[str]:
         if _reconnects_logged(logdir):
             return []
         time.sleep(0.2)
-    return ["PostgreSQL was restarted but no worker logged getting it back within 60 s"]
+    return ["PostgreSQL was restarted but no worker logged reconnecting within 60 s"]
 
 
 def main(argv=None) -> int:
@@ -119,14 +133,42 @@ def main(argv=None) -> int:
     parser.add_argument("--chaos-seconds", type=float)
     parser.add_argument("--pool", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="workers behind a PgBouncer of the soak's own, restarted once")
     args = parser.parse_args(argv)
     exit_on_sigterm()  # a stopped soak still stops its workers and its server
     with ThrowawayPostgres() as server:
-        os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = server.create_database("everystep_chaos")
-        return soak(server, args)
+        direct = server.create_database("everystep_chaos")
+        os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = direct
+        if not args.pgbouncer:
+            return soak(server, args, None)
+        # Fewer server connections than the workers have threads (pool + a claim loop each).
+        with ThrowawayPgBouncer("127.0.0.1", server.port, pool_size=PGBOUNCER_POOL) as bouncer:
+            print(f"{version()} on port {bouncer.port}: transaction pooling, "
+                  f"{PGBOUNCER_POOL} server connections")
+            os.environ.update(
+                EVERYSTEP_BENCH_DATABASE_URL=bouncer.url("everystep_chaos"),
+                EVERYSTEP_BENCH_LISTEN_DATABASE_URL=direct,
+                EVERYSTEP_BENCH_PREPARED_STATEMENTS="0",
+            )
+            return soak(server, args, bouncer)
 
 
-def soak(server: ThrowawayPostgres, args) -> int:
+def restart_pgbouncer(bouncer: ThrowawayPgBouncer, logdir: Path) -> tuple[list[str], int]:
+    """Kill the soak's PgBouncer and start it again; what went wrong (nothing: [])
+    and how many reconnects the workers logged after it."""
+    before = _reconnects_logged(logdir)
+    bouncer.restart()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        after = _reconnects_logged(logdir) - before
+        if after:
+            return [], after
+        time.sleep(0.2)
+    return ["PgBouncer was restarted but no worker logged reconnecting within 60 s"], 0
+
+
+def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) -> int:
     workers = args.workers or (2 if args.short else 4)
     runs = args.runs or (60 if args.short else 600)
     chaos_seconds = args.chaos_seconds or (25 if args.short else 240)
@@ -153,10 +195,11 @@ def soak(server: ThrowawayPostgres, args) -> int:
     for old in logdir.glob("chaos-*.log"):
         old.unlink()
     fleet = Fleet(workers, args.pool, logdir)
-    kills = terms = pg_restarts = 0
+    kills = terms = pg_restarts = bouncer_restarts = bouncer_reconnects = 0
     violations = []
     started = time.time()
     pg_restart_at = started + chaos_seconds / 2
+    bouncer_restart_at = started + chaos_seconds * 3 / 4
     print(f"chaos: {workers} workers x pool {args.pool}, {runs} runs, {chaos_seconds:.0f} s of chaos")
     try:
         while time.time() - started < chaos_seconds:
@@ -171,6 +214,10 @@ def soak(server: ThrowawayPostgres, args) -> int:
             if not pg_restarts and time.time() >= pg_restart_at:
                 violations += restart_postgres(server, logdir)
                 pg_restarts += 1
+            if bouncer is not None and not bouncer_restarts and time.time() >= bouncer_restart_at:
+                problems, bouncer_reconnects = restart_pgbouncer(bouncer, logdir)
+                violations += problems
+                bouncer_restarts += 1
         dead = kill_for_good(fleet, args.pool, rng)
         runs += dead.scheduled
         kills += bool(dead.held)
@@ -199,6 +246,11 @@ def soak(server: ThrowawayPostgres, args) -> int:
     requeues = sum(_requeues_logged(path.read_text()) for path in logdir.glob("chaos-*.log"))
     reconnects = _reconnects_logged(logdir)
 
+    if statuses["failed"]:
+        # No kind of run fails on purpose (the "cleanup" kind catches its failing step).
+        errors = Counter(f"{e.get('type')}: {e.get('message')}" for e in
+                         Workflow.objects.filter(status="failed").values_list("error", flat=True))
+        violations.append(f"{statuses['failed']} runs failed, e.g. {errors.most_common(1)[0][0]}")
     stuck = statuses["scheduled"] + statuses["running"]
     if stuck:
         violations.append(f"{stuck} runs are not terminal")
@@ -215,7 +267,7 @@ def soak(server: ThrowawayPostgres, args) -> int:
     if duplicate_unsafe:
         violations.append(f"{len(duplicate_unsafe)} unsafe-to-repeat effects ran twice")
     safe_duplicates = sum(n - 1 for k, n in per_step.items() if n > 1 and k not in unsafe_steps)
-    crash_bound = (kills + terms + pg_restarts * workers) * args.pool * 2
+    crash_bound = (kills + terms + (pg_restarts + bouncer_restarts) * workers) * args.pool * 2
     if safe_duplicates > crash_bound:
         violations.append(f"{safe_duplicates} repeated safe effects for {kills} kills "
                           f"(bound {crash_bound})")
@@ -232,6 +284,9 @@ def soak(server: ThrowawayPostgres, args) -> int:
          "blocked", "repeated safe", "repeated unsafe", "time"],
     ))
     print(dead.summary())
+    if bouncer is not None:
+        print(f"PgBouncer: killed and restarted {bouncer_restarts} time(s); the workers logged "
+              f"{bouncer_reconnects} reconnect(s) after it")
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
     if violations:
         print("VIOLATIONS:\n- " + "\n- ".join(violations))
@@ -282,6 +337,8 @@ def kill_for_good(fleet: Fleet, pool: int, rng: random.Random) -> DeadWorker:
     """SIGKILL a worker that holds runs, never restart it, and time how long
     until none is left under its name."""
 
+    from django.conf import settings
+
     from bench import chaos_workflows
     from everystep import schedule
     from everystep.models import Workflow
@@ -292,7 +349,10 @@ def kill_for_good(fleet: Fleet, pool: int, rng: random.Random) -> DeadWorker:
     dead.scheduled = len(fleet.procs) * pool * 2
     for i in range(dead.scheduled):
         schedule(chaos_workflows.mixed, chaos_workflows.KINDS[i % len(chaos_workflows.KINDS)])
-    stranded = Workflow.objects.filter(status="running", claimed_by=dead.name)
+    # Watched on a direct connection when there is one (--pgbouncer): the
+    # controller's own query must not queue in PgBouncer and add to the time.
+    watch = "listen" if "listen" in settings.DATABASES else "default"
+    stranded = Workflow.objects.using(watch).filter(status="running", claimed_by=dead.name)
     deadline = time.time() + 60
     while not stranded.exists():
         if time.time() > deadline:
@@ -333,8 +393,9 @@ def _fresh_connection() -> None:
 
 
 def _reconnects_logged(logdir: Path) -> int:
-    """Times the workers logged getting the database back after losing it."""
-    return sum(path.read_text(errors="replace").count(REGAINED) for path in logdir.glob("chaos-*.log"))
+    """Times the workers logged reconnecting to the database (RECONNECTED)."""
+    logs = [path.read_text(errors="replace") for path in logdir.glob("chaos-*.log")]
+    return sum(log.count(marker) for log in logs for marker in RECONNECTED)
 
 
 def _requeues_logged(log: str) -> int:

@@ -11,9 +11,13 @@ before believing a MISS.
 3. pickup latency: commit of schedule() to the first step, LISTEN/NOTIFY and polling only
 4. replay: resuming a run with 10,000 recorded steps
 5. UI at scale: the runs list and a 5,000-step run page with 1,000,000 runs loaded
+6. payload pages: large arguments and results drawn in Chromium
+7. ceiling: everystep next to pgbench inserting step-shaped rows (1 client and the
+   fleet's connection count), the worker's CPU time per step, and the scaling
+   curve over processes x pool (bench/ceiling.py)
 
 Usage:
-    python bench/run.py            # the full suite: about 6 minutes, plus 2 the first time (1M-run load)
+    python bench/run.py            # the full suite: about 9 minutes, plus 2 the first time (1M-run load)
     python bench/run.py --quick    # a smaller variant: about 2 minutes
     python bench/run.py --only pickup,ui --no-dbos
 """
@@ -31,9 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.ceiling import CPU_PER_STEP_US, FLEET_SHARE, SOLO_SHARE  # noqa: E402
 from bench.common import table  # noqa: E402
 
-SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads")
+SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads", "ceiling")
 # Payload pages: a target for the time Chromium takes to draw them, and a bound
 # on their size (bytes of HTML), which must not grow with the payloads.
 PAYLOAD_PAGE_MS = 500
@@ -54,6 +59,8 @@ def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
         "ui": (["ui_scale.py", "--runs", "100000" if quick else "1000000",
                 "--requests", "10" if quick else "20", "--keep"], {}),
         "payloads": (["ui_payloads.py", "--rounds", "3" if quick else "5"], {}),
+        "ceiling": (["ceiling.py", "--runs", "300" if quick else "1000", "--rounds", "1" if quick else "3",
+                     "--seconds", "3" if quick else "5"], {}),
     }
 
 
@@ -143,7 +150,27 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
                  verdict(fig["bytes"] <= PAYLOAD_PAGE_BYTES)],
             ]
             first = False
+    rows += ceiling_rows(results.get("ceiling"))
     return rows
+
+
+def ceiling_rows(ceiling: dict | None) -> list[list[str]]:
+    if not ceiling:
+        return []
+    pg, curve = ceiling["pgbench_tps"], ceiling["curve"]
+    fleet, clients = ceiling["fleet"], ceiling["fleet_clients"]
+    rows = [["7 ceiling", "pgbench step insert, 1 client", f"{pg['1']:.0f} tx/s", "", ""],
+            ["", f"pgbench step insert, {clients} clients", f"{pg[str(clients)]:.0f} tx/s", "", ""]]
+    rows += [["", f"everystep {config} (processes x pool)", f"{fig['steps_per_s']:.0f} steps/s, "
+              f"{fig['cpu_us_per_step']:.0f} us CPU/step", "", ""] for config, fig in curve.items()]
+    return rows + [
+        ["", "everystep 1x1 / pgbench 1 client", f"{ceiling['solo_share']:.0%}", f">= {SOLO_SHARE:.0%}",
+         verdict(ceiling["solo_share"] >= SOLO_SHARE)],
+        ["", f"everystep {fleet} / pgbench {clients} clients", f"{ceiling['fleet_share']:.0%}",
+         f">= {FLEET_SHARE:.0%}", verdict(ceiling["fleet_share"] >= FLEET_SHARE)],
+        ["", "worker CPU per recorded step (1x1)", f"{ceiling['cpu_us_per_step']:.0f} us",
+         f"<= {CPU_PER_STEP_US} us", verdict(ceiling["cpu_us_per_step"] <= CPU_PER_STEP_US)],
+    ]
 
 
 def main(argv=None) -> int:

@@ -14,6 +14,14 @@ EVERYSTEP_DATABASE = "default"  # one database, whatever layout the test setting
 DATABASE_ROUTERS = []
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
+# The chaos soak behind PgBouncer (bench/chaos.py --pgbouncer): data through
+# it, prepared statements off (PgBouncer 1.18), LISTEN straight to PostgreSQL.
+if "EVERYSTEP_BENCH_PREPARED_STATEMENTS" in os.environ:
+    EVERYSTEP_PREPARED_STATEMENTS = os.environ["EVERYSTEP_BENCH_PREPARED_STATEMENTS"] == "1"
+if os.environ.get("EVERYSTEP_BENCH_LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = database_from_url(os.environ["EVERYSTEP_BENCH_LISTEN_DATABASE_URL"])
+    EVERYSTEP_LISTEN_DATABASE = "listen"
+
 # The chaos soak gives its workers short heartbeats (bench/chaos.py).
 if "EVERYSTEP_BENCH_HEARTBEAT_INTERVAL" in os.environ:
     EVERYSTEP_HEARTBEAT_INTERVAL = float(os.environ["EVERYSTEP_BENCH_HEARTBEAT_INTERVAL"])

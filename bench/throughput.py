@@ -72,7 +72,8 @@ def everystep_round(runs: int, workers: int, pool: int, poll: float, logdir: Pat
 
     with connection.cursor() as cursor:  # a clean table for every round
         cursor.execute(
-            "TRUNCATE everystep_run_fork, everystep_wait, everystep_event, everystep_step, everystep_workflow"
+            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
+            "everystep_workflow"
         )
     with transaction.atomic():
         for _ in range(runs):

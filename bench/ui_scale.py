@@ -104,7 +104,8 @@ def load(runs: int, *, reload: bool) -> str:
         started = time.perf_counter()
         cursor.execute("DROP TABLE IF EXISTS bench_ui_load")
         cursor.execute(
-            "TRUNCATE everystep_run_fork, everystep_wait, everystep_event, everystep_step, everystep_workflow"
+            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
+            "everystep_workflow"
         )
         cursor.execute("SET synchronous_commit = off")
         now_ms = int(time.time() * 1000)

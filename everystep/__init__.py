@@ -15,6 +15,7 @@ __all__ = [
     "step",
     "parallel",
     "schedule",
+    "start_child",
     "Terminal",
     "EverystepError",
     "sleep",
@@ -22,6 +23,8 @@ __all__ = [
     "wait_for_event",
     "send_event",
     "WaitTimeout",
+    "ChildFailed",
+    "ChildStopped",
 ]
 
 _LAZY = {
@@ -29,6 +32,7 @@ _LAZY = {
     "step": "everystep.api",
     "parallel": "everystep.api",
     "schedule": "everystep.api",
+    "start_child": "everystep.api",
     "Terminal": "everystep.api",
     "EverystepError": "everystep.errors",
     "sleep": "everystep.waits",
@@ -36,6 +40,8 @@ _LAZY = {
     "wait_for_event": "everystep.waits",
     "send_event": "everystep.waits",
     "WaitTimeout": "everystep.errors",
+    "ChildFailed": "everystep.errors",
+    "ChildStopped": "everystep.errors",
 }
 
 

@@ -5,13 +5,19 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from . import registry, runner, serde
+from . import limits, registry, runner, serde
 from .errors import EverystepError, Terminal
 
-__all__ = ["workflow", "step", "parallel", "schedule", "Terminal"]
+__all__ = ["workflow", "step", "parallel", "schedule", "start_child", "Terminal"]
 
 
-def workflow(func: Callable | None = None, *, cron: str | None = None, timezone: str = "UTC"):
+def workflow(
+    func: Callable | None = None,
+    *,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    max_concurrent: int | None = None,
+):
     """Mark ``func`` as a workflow: a function that :func:`schedule` can run durably.
 
     Use as ``@workflow``, or ``@workflow(cron="0 9 * * MON-FRI")`` to have the
@@ -20,6 +26,13 @@ def workflow(func: Callable | None = None, *, cron: str | None = None, timezone:
     argument, however many workers run (see :doc:`/schedules`). A bad
     expression, an unknown zone or a function that cannot take the slot
     raises :class:`~everystep.cron.ScheduleError` here, at import.
+
+    ``max_concurrent=N`` (a positive integer) caps the runs of this workflow
+    that are ``running`` at once across all workers: a claim takes one of its
+    runs only while fewer than N are (see :ref:`concurrency-limits`). Its
+    other runs wait ``scheduled``, and the workers claim other workflows'
+    runs meanwhile. Anything but a positive integer raises
+    :class:`~everystep.errors.EverystepError` here, at import.
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
@@ -44,7 +57,9 @@ def workflow(func: Callable | None = None, *, cron: str | None = None, timezone:
             raise EverystepError(
                 f"workflow {name}: timezone={timezone!r} is the zone of a cron schedule; add cron=..."
             )
-        spec = registry.Spec(name, func, "workflow", cron=schedule)
+        spec = registry.Spec(
+            name, func, "workflow", cron=schedule, max_concurrent=limits.checked(name, max_concurrent)
+        )
         registry.register(spec)
 
         @functools.wraps(func)
@@ -106,6 +121,44 @@ def parallel(*branches, everystep_id: str | None = None) -> tuple:
     return runner.run_parallel(branches, everystep_id)
 
 
+def start_child(workflow_func: Callable, *args: Any, everystep_id: str | None = None):
+    """Start ``workflow_func(*args)`` as a child run of the running workflow and
+    return its :class:`~everystep.children.ChildHandle` (``handle.id`` is the
+    child's run id).
+
+    Call it from a workflow's body: it is recorded like a step (numbered, or
+    named by ``everystep_id``), so a replay returns the same child and never
+    starts a second one, also after a crash between the child's insert and
+    the record. The child runs on its own, claimed by any worker; the run
+    pages link parent and children (see :doc:`/children`). Refuses, before
+    writing anything, what ``schedule`` refuses, and a call outside a run or
+    inside a step's function (:class:`~everystep.errors.EverystepError`).
+    """
+    spec = _workflow_spec(workflow_func, "start_child")
+    _check_args(spec, args)
+    return runner.start_child(spec, args, everystep_id)
+
+
+def _workflow_spec(workflow_func: Callable, caller: str) -> registry.Spec:
+    spec = getattr(workflow_func, "__everystep__", None)
+    if spec is None or spec.kind != "workflow":
+        raise TypeError(f"{caller}() needs a @workflow function, got {workflow_func!r}")
+    return spec
+
+
+def _check_args(spec: registry.Spec, args: tuple) -> None:
+    try:
+        inspect.signature(spec.func).bind(*args)
+    except TypeError as exc:
+        raise TypeError(f"arguments do not fit workflow {spec.name}: {exc}") from None
+    try:
+        serde.encode(list(args))
+    except EverystepError as exc:
+        raise EverystepError(
+            f"workflow {spec.name}: arguments are not serializable: {exc}"
+        ) from None
+
+
 def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = None):
     """Insert a ``scheduled`` run inside the caller's transaction and return its row.
 
@@ -123,19 +176,8 @@ def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = 
     from .models import Workflow  # not at import time: settings may import this module
     from .scheduling import insert_run
 
-    spec = getattr(workflow_func, "__everystep__", None)
-    if spec is None or spec.kind != "workflow":
-        raise TypeError(f"schedule() needs a @workflow function, got {workflow_func!r}")
-    try:
-        inspect.signature(spec.func).bind(*args)
-    except TypeError as exc:
-        raise TypeError(f"arguments do not fit workflow {spec.name}: {exc}") from None
-    try:
-        serde.encode(list(args))
-    except EverystepError as exc:
-        raise EverystepError(
-            f"workflow {spec.name}: arguments are not serializable: {exc}"
-        ) from None
+    spec = _workflow_spec(workflow_func, "schedule")
+    _check_args(spec, args)
     if idempotency_key is not None and not (isinstance(idempotency_key, str) and idempotency_key):
         raise EverystepError(f"idempotency_key must be a non-empty string, got {idempotency_key!r}")
     if idempotency_key is not None and len(idempotency_key) > 255:

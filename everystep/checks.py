@@ -139,3 +139,35 @@ def check_heartbeat_settings(app_configs, **kwargs):
         )
         for check_id, message in heartbeats.problems(heartbeats.interval(), heartbeats.stale_after())
     ]
+
+
+@checks.register()
+def check_listen_database(app_configs, **kwargs):
+    """``EVERYSTEP_LISTEN_DATABASE`` names a PostgreSQL alias of ``DATABASES``."""
+    listen = getattr(settings, "EVERYSTEP_LISTEN_DATABASE", None)
+    if listen is None:
+        return []
+    hint = (
+        "Set EVERYSTEP_LISTEN_DATABASE to the alias of a direct connection (not through PgBouncer) "
+        "to the PostgreSQL database that holds everystep's tables, or leave it unset."
+    )
+    if listen not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, which is not an alias of DATABASES "
+                f"({', '.join(settings.DATABASES)}).",
+                hint=hint,
+                id="everystep.E010",
+            )
+        ]
+    engine = settings.DATABASES[listen].get("ENGINE", "")
+    if not engine.endswith("postgresql"):
+        return [
+            checks.Error(
+                f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, a {engine or 'no'} database: LISTEN/NOTIFY "
+                "is PostgreSQL's.",
+                hint=hint,
+                id="everystep.E011",
+            )
+        ]
+    return []

@@ -15,6 +15,11 @@ A claim takes up to ``limit`` ``scheduled`` runs, oldest first, and marks them
 ``exclude`` names runs this worker still has in flight: a run requeued under a
 live worker must not be run twice by it at once.
 
+Workflows declared with ``max_concurrent`` are claimed first, by
+:func:`everystep.limits.claim_limited` (a lock per workflow, then a count);
+the statements here then skip their names. With no limit declared, the
+statements are the ones without that filter, unchanged.
+
 Invariant: a crash after a claim leaves the runs ``running`` under the
 claimer's name; :func:`reclaim_own` hands them back to the next worker
 started under that name.
@@ -23,7 +28,7 @@ started under that name.
 import functools
 from collections.abc import Callable
 
-from . import database, statements
+from . import database, limits, registry, statements
 from .models import Workflow
 
 Status = Workflow.Status
@@ -38,10 +43,15 @@ POSTGRESQL = (
     "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) "
     f"ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) {_RETURNING}"
 )
+# The same, passing over the workflows that have a concurrency limit (claimed
+# by everystep.limits under their lock): one more array, the same plan shape.
+POSTGRESQL_UNLIMITED = POSTGRESQL.replace(
+    "id <> ALL(%s::uuid[]) ", "id <> ALL(%s::uuid[]) AND name <> ALL(%s::text[]) "
+)
 # The excluded ids are spliced in as placeholders: SQLite has no arrays.
 SQLITE = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
-    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' {not_in}"
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' {not_in}{not_limited}"
     f"ORDER BY created_at LIMIT %s) {_RETURNING}"
 )
 
@@ -51,28 +61,37 @@ def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
     if limit <= 0:
         return []
     conn = database.connection()
-    claim = {"postgresql": _claim_postgresql, "sqlite": _claim_sqlite}.get(conn.vendor, _claim_mysql)
-    runs = claim(conn, claimer, limit, exclude)
+    limited = registry.concurrency_limits()
+    runs = limits.claim_limited(claimer, limit, exclude, limited) if limited else []
+    if len(runs) < limit:
+        claim = {"postgresql": _claim_postgresql, "sqlite": _claim_sqlite}.get(conn.vendor, _claim_mysql)
+        runs += claim(conn, claimer, limit - len(runs), exclude, sorted(limited))
     return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
 
 
-def _claim_postgresql(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
-    params = [claimer, list(exclude), limit]
-    rows = statements.execute(conn, POSTGRESQL, params, statements.prepared_statements(), fetch=True)
+def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
+    if skip_names:
+        sql, params = POSTGRESQL_UNLIMITED, [claimer, list(exclude), skip_names, limit]
+    else:
+        sql, params = POSTGRESQL, [claimer, list(exclude), limit]
+    rows = statements.execute(conn, sql, params, statements.prepared_statements(), fetch=True)
     return [_run_from_row(conn, row) for row in rows]
 
 
-def _claim_sqlite(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
+def _claim_sqlite(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
     excluded = [Workflow._meta.pk.get_db_prep_value(run_id, conn) for run_id in exclude]
     not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
-    sql = SQLITE.format(not_in=not_in)
-    return list(Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, limit]))
+    not_limited = f"AND name NOT IN ({', '.join(['%s'] * len(skip_names))}) " if skip_names else ""
+    sql = SQLITE.format(not_in=not_in, not_limited=not_limited)
+    return list(Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, *skip_names, limit]))
 
 
-def _claim_mysql(conn, claimer: str, limit: int, exclude) -> list[Workflow]:
+def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
     runs = Workflow.objects.using(conn.alias).claimable()
     if exclude:
         runs = runs.exclude(id__in=list(exclude))
+    if skip_names:
+        runs = runs.exclude(name__in=skip_names)
     with database.atomic():
         claimed = list(runs.select_for_update()[:limit])
         if claimed:

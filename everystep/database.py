@@ -7,9 +7,21 @@ are bound to it, and raw SQL and transactions ask :func:`alias` for it. A
 project's own tables may live elsewhere; ``schedule()`` then joins the
 caller's transaction only when that transaction is on this alias
 (``transaction.atomic(using=...)``).
+
+``EVERYSTEP_LISTEN_DATABASE`` (default: ``EVERYSTEP_DATABASE``) names the
+alias whose connection settings a worker's LISTEN connection uses. Behind a
+pooler in transaction mode (PgBouncer) that must be a direct connection to the
+same PostgreSQL database: LISTEN is session state, which such a pooler hands
+to another client after each transaction. Only its settings are used (the
+worker opens that one connection itself); nothing else goes there.
+
+And code that only reads may send everystep's queries to
+another alias, a streaming replica, inside :func:`reading_from` (the UI's
+pages do, with ``EVERYSTEP_UI_READ_DATABASE``).
 """
 
 import contextlib
+import contextvars
 import logging
 import time
 
@@ -19,9 +31,31 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 logger = logging.getLogger("everystep")
 
 
+# Set only around read-only code: a replica refuses writes, loudly.
+_reads = contextvars.ContextVar("everystep_reads", default=None)
+
+
 def alias() -> str:
-    """The alias of ``DATABASES`` that holds everystep's tables."""
-    return getattr(settings, "EVERYSTEP_DATABASE", "default")
+    """The alias of ``DATABASES`` that holds everystep's tables (or, inside
+    :func:`reading_from`, the copy being read)."""
+    return _reads.get() or getattr(settings, "EVERYSTEP_DATABASE", "default")
+
+
+@contextlib.contextmanager
+def reading_from(read_alias: str | None):
+    """Inside this block everystep's queries go to ``read_alias`` (``None``:
+    nowhere else). For read-only code only: a streaming replica refuses
+    writes, and lags the primary by its replication delay."""
+    token = _reads.set(read_alias)
+    try:
+        yield
+    finally:
+        _reads.reset(token)
+
+
+def listen_alias() -> str:
+    """The alias of ``DATABASES`` whose settings the workers' LISTEN connection uses."""
+    return getattr(settings, "EVERYSTEP_LISTEN_DATABASE", None) or alias()
 
 
 def connection():

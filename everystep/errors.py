@@ -76,3 +76,31 @@ class Suspended(EverystepError):
     def __init__(self, waiting):
         super().__init__(f"run waits at step {waiting.step_id} ({waiting.kind})")
         self.waiting = waiting
+
+
+class ChildRunError(EverystepError):
+    """Base of what ``handle.result()`` raises in a parent when its child run
+    did not complete. ``child_id`` is the child's run id, ``error`` the
+    child's stored error (``{"type", "message", "args"}``), and
+    ``exception()`` rebuilds the child's own exception from it."""
+
+    def __init__(self, message, child_id=None, error=None):
+        super().__init__(message, child_id, error)
+        self.child_id = child_id
+        self.error = error
+
+    def __str__(self):
+        return str(self.args[0])
+
+    def exception(self) -> BaseException:
+        from .serde import decode_exception
+
+        return decode_exception(self.error or {})
+
+
+class ChildFailed(ChildRunError):
+    """The child run ended ``failed`` (or was deleted before it ended)."""
+
+
+class ChildStopped(ChildRunError):
+    """The child run ended ``stopped``: a ``Terminal`` or an operator's Stop."""

@@ -56,9 +56,15 @@ def intended_steps(func) -> IntendedGraph:
         body = spec.func if spec else func
         if not isinstance(body, types.FunctionType):
             return IntendedGraph(reason=f"{body!r} is not a Python function")
-        from .api import parallel  # not at import time: it loads the models
+        from . import waits
+        from .api import parallel, start_child  # not at import time: they load the models
 
         walker = _Walker(parallel)
+        # The waits take one step id each, like a step (everystep_id by keyword
+        # only: after this many positional arguments it would be given by position).
+        walker.waits = {waits.sleep: (waits.SLEEP, 1), waits.sleep_until: (waits.SLEEP, 1)}
+        walker.waits[waits.wait_for_event] = (waits.WAIT_FOR_EVENT, 2)
+        walker.start_child = start_child
         walker.inline(body, None, body=True)
         return IntendedGraph(walker.steps, walker.forks)
     except _Unsure as exc:
@@ -191,6 +197,8 @@ class _Walker:
         self.frames: list[_Frame] = []
         self.stack = list(stack)  # code objects being inlined, against recursion
         self.prefix, self.counter, self.names = "", 0, set()
+        self.waits: dict = {}  # wait function -> (step name, positional arguments before everystep_id)
+        self.start_child = None
 
     def unsure(self, node, text: str) -> _Unsure:
         if node is None or not self.frames:
@@ -292,6 +300,7 @@ class _Walker:
         if kind not in ("inline", "method"):
             return kind != "none"
         probe = _Walker(self.parallel, self.stack)
+        probe.waits, probe.start_child = self.waits, self.start_child
         probe.inline(func, None, method=kind == "method")
         return bool(probe.steps or probe.forks)
 
@@ -397,6 +406,13 @@ class _Walker:
         obj = self.resolve(node.func, callee=True)
         if obj is self.parallel:
             return self.fork(node)
+        if obj is self.start_child and obj is not None:
+            raise self.unsure(
+                node, "start_child() starts a child run: the wait of its handle's result() is not followed"
+            )
+        wait = self.waits.get(obj) if isinstance(obj, types.FunctionType) else None
+        if wait is not None:
+            return self.wait(node, *wait)
         self.visit([*node.args, *node.keywords])  # arguments run before the call takes its id
         self.invoke(node, obj, node.keywords, ast.unparse(node.func))
 
@@ -410,6 +426,14 @@ class _Walker:
             raise self.unsure(node, f"everystep_id passed to {label}, which is not a step")
         elif kind in ("inline", "method"):
             self.inline(target, node, method=kind == "method")
+
+    def wait(self, node, name: str, positional: int) -> None:
+        """A sleep or an event wait: one step id, taken after its arguments run."""
+        if len(node.args) > positional or any(isinstance(arg, ast.Starred) for arg in node.args):
+            label = ast.unparse(node.func)
+            raise self.unsure(node, f"{label}() given everystep_id by position: the id {_AT_RUN_TIME}")
+        self.visit([*node.args, *node.keywords])
+        self.steps.append((self.next_id(node, node.keywords), name))
 
     def fork(self, node) -> None:
         if any(isinstance(arg, ast.Starred) for arg in node.args):

@@ -1,5 +1,6 @@
 """The tables: one row per run, one row per executed step, one row per worker
-(its heartbeat)."""
+(its heartbeat), the links of forks and child runs, and one row per
+concurrency-limited workflow (its claim lock)."""
 
 import datetime as dt
 
@@ -80,6 +81,13 @@ class Workflow(models.Model):
             # Back the UI's filters and searches (PostgreSQL also gets a GIN index
             # on args for JSON containment, in migration 0007).
             models.Index(fields=["name", "-created_at"], name="everystep_workflow_name_idx"),
+            # Serves the claim of a concurrency-limited workflow: its scheduled
+            # rows in created_at order (MySQL gets a (status, name, created_at) index).
+            models.Index(
+                fields=["name", "created_at"],
+                condition=Q(status="scheduled"),
+                name="everystep_workflow_limit_idx",
+            ),
             models.Index(fields=["claimed_by"], name="everystep_workflow_claimer_idx"),
             models.Index(fields=["idempotency_key"], name="everystep_workflow_idem_idx"),
             # The overview's throughput chart and everystep_prune select by end time.
@@ -99,6 +107,8 @@ class Workflow(models.Model):
             ("requeue_workflow", "Can requeue a running run"),
             ("rerun_workflow", "Can re-run a run from a step"),
             ("fork_workflow", "Can fork a run from a step"),
+            ("wake_workflow", "Can wake a waiting run now"),
+            ("send_event_workflow", "Can send an event to a waiting run"),
         ]
 
     def __str__(self):
@@ -182,6 +192,38 @@ class RunFork(models.Model):
         return f"{self.run_id} forked from {self.origin_id} at step {self.origin_step_id}"
 
 
+class ChildRun(models.Model):
+    """Which run started a run: one row per run made by
+    :func:`~everystep.start_child`, keyed by that child run.
+
+    ``parent`` is the run whose body called ``start_child``, ``step_id`` the
+    dotpath of that call in the parent (unique per parent: one child per
+    call). Deleting either run (e.g. pruning it) deletes the link, never the
+    other run. An additive table: the two tables above keep their columns.
+    """
+
+    child = models.OneToOneField(
+        Workflow, primary_key=True, on_delete=models.CASCADE, related_name="parent_link"
+    )
+    # No index of its own: the unique (parent, step_id) index serves a parent's lookups.
+    parent = models.ForeignKey(
+        Workflow, on_delete=models.CASCADE, related_name="child_links", db_index=False
+    )
+    step_id = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_child"
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "step_id"], name="everystep_child_parent_step_uniq")
+        ]
+
+    def __str__(self):
+        return f"{self.child_id} started by {self.parent_id} at step {self.step_id}"
+
+
 class HeartbeatQuerySet(models.QuerySet):
     """Ages are measured by the database's clock, which also wrote ``last_seen``:
     clock skew between machines never makes a live worker look stale."""
@@ -250,6 +292,7 @@ class Wait(models.Model):
     class Kind(models.TextChoices):
         TIME = "time"
         EVENT = "event"
+        CHILD = "child"  # handle.result() of a child run (everystep.children); key: its run id
 
     run = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="waits", db_index=False)
     step_id = models.CharField(max_length=300)
@@ -299,3 +342,31 @@ class Event(models.Model):
 
     def __str__(self):
         return f"{self.run_id} event {self.key}"
+
+
+class ConcurrencyLimit(models.Model):
+    """The lock of a workflow declared ``@workflow(max_concurrent=N)``: one
+    ``everystep_concurrency_limit`` row per limited workflow name, made by the
+    first claim of one of its runs (``everystep.limits``).
+
+    A claim of that workflow's runs writes the row first, which locks it until
+    the claim commits, so that claimers of the workflow count its ``running``
+    runs one after the other. ``max_concurrent`` is the limit and
+    ``claimed_at`` the time of the last claim that took the lock, as the
+    claiming worker saw them. An additive table: the two tables above keep
+    their columns.
+    """
+
+    name = models.CharField(max_length=300)
+    max_concurrent = models.PositiveIntegerField()
+    claimed_at = models.DateTimeField()
+
+    objects = EngineManager()
+
+    class Meta:
+        db_table = "everystep_concurrency_limit"
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["name"], name="everystep_concurrency_limit_name_uniq")]
+
+    def __str__(self):
+        return f"{self.name} (at most {self.max_concurrent} running)"

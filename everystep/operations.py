@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import database, registry, statements, waits
+from . import children, database, registry, statements, waits
 from .errors import EverystepError, StepFailure, Terminal
 from .models import Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
@@ -144,6 +144,7 @@ def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = 
         if not updated:
             raise _refusal(run_id, expected_status, STOPPABLE, "stopped")
         Wait.objects.filter(run_id=run_id).delete()
+        children.wake_waiters(run_id)  # a parent waiting for it raises ChildStopped
         notify_control(run_id)
     return Workflow.objects.get(id=run_id)
 

@@ -34,6 +34,7 @@ class Spec:
     kind: str  # "workflow" or "step"
     unsafe_to_repeat: bool = False
     cron: "CronSchedule | None" = None  # @workflow(cron=...): everystep.cron
+    max_concurrent: int | None = None  # @workflow(max_concurrent=N): everystep.limits
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,13 @@ def schedules() -> list["CronSchedule"]:
     """The cron schedules of the registered workflows, by workflow name."""
     with _lock:
         return [spec.cron for _, spec in sorted(_workflows.items()) if spec.cron is not None]
+
+
+def concurrency_limits() -> dict[str, int]:
+    """``{workflow name: max_concurrent}`` of the registered workflows that have
+    a limit; empty when none has (the claim then takes its unlimited path)."""
+    with _lock:
+        return {name: spec.max_concurrent for name, spec in _workflows.items() if spec.max_concurrent}
 
 
 def get_workflow(name: str) -> Spec | None:

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from django.db import connections as db_connections
 
-from . import database, observability, registry, serde, statements
+from . import children, database, observability, registry, serde, statements
 from .context import Context, Outcome, RunState, activate, current
 from .errors import (
     DrainOrphan,
@@ -150,13 +150,11 @@ def _end(
     run, claimer, status, *, result=None, exc: BaseException | None = None, error: dict | None = None
 ) -> str | None:
     """End the run; ``error`` is the stored form of ``exc`` when it needs more than its encoding."""
-    from . import operations
 
     if error is None and exc is not None:
         error = serde.encode_exception(exc)
-    if database.reconnecting(
-        operations.finish_run, run.id, claimer, status, result=result, error=error
-    ):
+    # A child's end also wakes its waiting parent; only a child pays for that.
+    if database.reconnecting(children.finisher(run), run.id, claimer, status, result=result, error=error):
         if status == Status.FAILED and observer is not None:
             observer.run_failed(run, claimer, exc)  # once: only one guarded update matches
         return status
@@ -378,6 +376,42 @@ def _guarded_db(state: RunState, func, *args):
     except DatabaseError as exc:
         state.engine_error = exc
         state.halt_with(exc)
+
+
+# ---------------------------------------------------------------- child runs
+
+
+def start_child(spec: registry.Spec, args: tuple, everystep_id: str | None) -> children.ChildHandle:
+    """Start a child run, recorded like a step: its row (``done``, the child's
+    run id) is served on replay. The child is inserted and linked in one
+    fenced transaction under a key derived from this call, then the fault hook
+    runs, then the row is written: a crash in between finds the same child."""
+    ctx = current()
+    children.check_inside_body(ctx, spec.name)
+    state = ctx.state
+    state.check()
+    step_id = ctx.next_id(everystep_id)
+    recorded = state.store.get(step_id)
+    if recorded is not None:
+        _check_same_function(state, step_id, spec, recorded)
+        return children.ChildHandle(_serve_recorded(state, recorded), spec.name)
+    row = _StepRow(state, step_id, spec, args, {}, started=False)
+    started = _guarded_db(
+        state, children.insert_child, state.workflow_id, state.claimer, step_id, spec.name, list(args)
+    )
+    if started is None:
+        state.halt_with(
+            Fenced(
+                f"run {state.workflow_id} is no longer running under "
+                f"{state.claimer!r}; its child at step {step_id} was not started"
+            )
+        )
+    child_id, inserted = started
+    if inserted:
+        observability.child_started(state.name, spec.name, state.claimer, step_id, child_id)
+    _fault(ctx, step_id)
+    _record(row, StepStatus.DONE, result=child_id, stored_result=serde.encode(child_id))
+    return children.ChildHandle(child_id, spec.name)
 
 
 # ---------------------------------------------------------------- parallel

@@ -62,7 +62,8 @@ logger = logging.getLogger("everystep")
 SLEEP = "everystep.sleep"
 WAIT_FOR_EVENT = "everystep.wait_for_event"
 # The names wait steps are recorded under; a new kind adds its own.
-WAIT_STEP_NAMES = {SLEEP, WAIT_FOR_EVENT}
+CHILD_RESULT = "everystep.child_result"  # a child run's handle.result() (everystep.children)
+WAIT_STEP_NAMES = {SLEEP, WAIT_FOR_EVENT, CHILD_RESULT}
 MAX_KEY_LENGTH = 255
 # Runs woken per transaction by wake_due; a larger backlog takes several.
 WAKE_BATCH = 500

@@ -21,7 +21,11 @@ waits that long again before judging others, who lost it too.
 On PostgreSQL a dedicated connection LISTENs for new runs (instant pickup) and
 for operator stops/requeues (the run leaves at its next step boundary without
 a query per step). Polling every ``poll`` seconds stays the fallback, and is
-the only path on MariaDB/MySQL and SQLite.
+the only path on MariaDB/MySQL and SQLite. That connection uses the settings
+of ``EVERYSTEP_LISTEN_DATABASE`` (a direct connection when everystep's
+database is reached through PgBouncer in transaction mode); it first checks
+that it hears a NOTIFY sent through everystep's database, and if it does not,
+the worker warns and polls only.
 """
 
 import contextlib
@@ -38,7 +42,19 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from . import claims, cron, database, heartbeats, observability, operations, registry, runner, serde, waits
+from . import (
+    children,
+    claims,
+    cron,
+    database,
+    heartbeats,
+    observability,
+    operations,
+    registry,
+    runner,
+    serde,
+    waits,
+)
 from .errors import DrainOrphan, EverystepError, Fenced, WorkflowImportError
 from .models import Workflow
 from .scheduling import CONTROL_CHANNEL, NOTIFY_CHANNEL
@@ -48,6 +64,11 @@ logger = logging.getLogger("everystep")
 Status = Workflow.Status
 _CONNECTION_ERRORS = (OperationalError, InterfaceError)
 _MAX_BACKOFF = 5.0
+# The listener's check that it hears NOTIFYs: a channel of its own (no worker
+# wakes for it), and how long to wait for its own probe (milliseconds on a
+# direct connection; the wait is the listener's alone, the loop polls meanwhile).
+PROBE_CHANNEL = "everystep_probe"
+PROBE_TIMEOUT = 5.0
 
 
 class _Waker:
@@ -214,9 +235,10 @@ class Worker:
         previous = self._install_signal_handlers()
         engine_db = database.connection()
         if self.listen and engine_db.vendor == "postgresql":
+            listen_db = connections[database.listen_alias()]
             self._listener = threading.Thread(
                 target=self._listen,
-                args=(engine_db.get_connection_params(),),
+                args=(listen_db.get_connection_params(), engine_db.get_connection_params()),
                 name="everystep-listener",
                 daemon=True,
             )
@@ -236,6 +258,8 @@ class Worker:
         """What a newcomer needs to know the worker is set up right: where it
         claims from, how it hears of new runs, and which workflows it can run."""
         pickup = "LISTEN on" if self._listener is not None else f"LISTEN off, polling every {self.poll:g}s"
+        if self._listener is not None and database.listen_alias() != engine_db.alias:
+            pickup += f" (through database {database.listen_alias()!r})"
         names = registry.workflow_names()
         if names:
             found = f"{len(names)} workflow{'s' if len(names) > 1 else ''}: {', '.join(names)}"
@@ -244,6 +268,9 @@ class Worker:
         schedules = registry.schedules()
         if schedules:
             found += "; cron: " + ", ".join(f"{schedule.workflow} {schedule}" for schedule in schedules)
+        limited = registry.concurrency_limits()
+        if limited:
+            found += "; at most running: " + ", ".join(f"{name} {n}" for name, n in sorted(limited.items()))
         return (
             f"worker {self.name!r} started: pool {self.pool_size}, {engine_db.display_name} "
             f"database {engine_db.alias!r}, {pickup}, {found}"
@@ -447,7 +474,7 @@ class Worker:
             logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
             self._quietly(
                 database.reconnecting,
-                operations.finish_run,
+                children.finisher(run),  # a child's end wakes its waiting parent
                 run.id,
                 self.name,
                 Status.FAILED,
@@ -571,7 +598,10 @@ class Worker:
 
     # ------------------------------------------------------------ LISTEN/NOTIFY (PostgreSQL)
 
-    def _listen(self, params: dict) -> None:
+    def _listen(self, params: dict, engine_params: dict) -> None:
+        """LISTEN on a connection of its own (``EVERYSTEP_LISTEN_DATABASE``'s
+        settings), after checking that it hears a NOTIFY sent the way
+        ``schedule()`` sends one; if it does not, the worker polls only."""
         import psycopg
 
         backoff = self.poll
@@ -579,8 +609,12 @@ class Worker:
         while not self._listener_stop.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    conn.execute(f"LISTEN {CONTROL_CHANNEL}")
+                    for channel in (NOTIFY_CHANNEL, CONTROL_CHANNEL, PROBE_CHANNEL):
+                        conn.execute(f"LISTEN {channel}")
+                    if not self._hears_probe(conn, engine_params):
+                        self._deaf()
+                        return
+                    conn.execute(f"UNLISTEN {PROBE_CHANNEL}")
                     backoff = self.poll
                     if lost_at is not None:
                         self._reconnected("LISTEN connection", lost_at)
@@ -599,6 +633,39 @@ class Worker:
                 self._listener_stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
 
+    def _hears_probe(self, conn, engine_params: dict) -> bool:
+        """Send a NOTIFY through a fresh connection to everystep's database, as
+        ``schedule()`` would, and wait up to ``PROBE_TIMEOUT`` for ``conn`` to
+        hear it. A pooler in transaction mode (PgBouncer) runs the LISTEN on a
+        server connection it then gives to other clients: ``conn`` hears
+        nothing. So does a LISTEN alias that names another database."""
+        import psycopg
+
+        token = f"{self.name}:{uuid.uuid4().hex}"
+        # A bounded connect: a listener stuck here would neither listen nor warn.
+        with psycopg.connect(**{"connect_timeout": 10, **engine_params}, autocommit=True) as sender:
+            sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while not self._listener_stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            for notice in conn.notifies(timeout=min(left, 1.0)):
+                if notice.channel != PROBE_CHANNEL:
+                    self._on_notice(notice.channel, notice.payload)
+                elif notice.payload == token:  # not another worker's probe
+                    return True
+        return self._listener_stop.is_set()  # stopping: no verdict to give
+
+    def _deaf(self) -> None:
+        if self._listener_stop.is_set():
+            return
+        logger.warning(
+            "worker %r: its LISTEN connection (database alias %r) did not hear a NOTIFY sent through "
+            "everystep's database %r within %gs: a pooler in transaction mode (PgBouncer) stands between "
+            "the worker and PostgreSQL, or the two aliases name different databases. LISTEN is off: "
+            "polling every %gs. Set EVERYSTEP_LISTEN_DATABASE to an alias that connects straight to "
+            "PostgreSQL, to the same database.",
+            self.name, database.listen_alias(), database.alias(), PROBE_TIMEOUT, self.poll,
+        )
+
     def _reconnected(self, what: str, lost_at: float) -> None:
         # A warning, like the loss it ends: the two lines bracket the outage.
         logger.warning("worker %r: %s back after %.1fs", self.name, what, time.monotonic() - lost_at)
@@ -613,7 +680,7 @@ class Worker:
             slot = self._inflight.get(run_id)
             if slot is not None:
                 slot.left = True
-        else:
+        elif channel == NOTIFY_CHANNEL:
             self._waker.wake()
 
 

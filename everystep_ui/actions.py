@@ -1,5 +1,5 @@
-"""Operator actions on runs: Retry, Stop, Resolve, Requeue, and from a step:
-Re-run from here, Fork from here.
+"""Operator actions on runs: Retry, Stop, Resolve, Requeue, Wake now, Send
+event, and from a step: Re-run from here, Fork from here.
 
 Each calls its transition in ``everystep.operations`` (``everystep.history``
 for the two step actions), conditional on the status the operator saw (and,
@@ -21,15 +21,16 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django_htmx.http import HttpResponseClientRedirect
 
-from everystep import history, operations
+from everystep import children, database, history, operations, serde, waits
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
 from . import display, views
-from .forms import RequeueForm, ResolveForm, RunActionForm, StepCutForm
+from .forms import RequeueForm, ResolveForm, RunActionForm, SendEventForm, StepCutForm, StopForm
 
 Status = Workflow.Status
 BULK_REFUSALS_SHOWN = 5
+WAIT_ACTIONS = ("wake", "send_event")  # their confirmation shows what the run waits for
 
 
 # ---------------------------------------------------------------- the transitions
@@ -41,8 +42,43 @@ def _retry(request, run, seen, form) -> str:
 
 
 def _stop(request, run, seen, form) -> str:
-    operations.stop_run(run.pk, actor=request.user.get_username(), expected_status=seen)
-    return f"Stopped: {seen} -> {Status.STOPPED}."
+    actor = request.user.get_username()
+    operations.stop_run(run.pk, actor=actor, expected_status=seen)
+    change = f"Stopped: {seen} -> {Status.STOPPED}."
+    if form is None or not form.cleaned_data.get("stop_children"):
+        return change
+    form.stopped_children = children.stop_descendants(run.pk, actor=actor)
+    count = len(form.stopped_children)
+    return f"{change[:-1]}; also stopped {count} child run{'s' if count != 1 else ''}."
+
+
+def _after_stop(request, model_admin, run, form) -> str:
+    """Each child run stopped with its parent says so in its own history."""
+    for child_id, before in getattr(form, "stopped_children", ()):
+        child = Workflow.objects.get(pk=child_id)
+        model_admin.log_change(
+            request, child, f"Stopped with run {run.pk}: {before} -> {Status.STOPPED}."
+        )
+    return model_admin.page_url(request, "run", run.pk)
+
+
+def _wake(request, run, seen, form) -> str:
+    operations.wake_now(run.pk, actor=request.user.get_username())
+    return f"Woken now: {seen} -> {Status.SCHEDULED}."
+
+
+def _send_event(request, run, seen, form) -> str:
+    key, value = form.cleaned_data["key"], form.cleaned_data["value"]
+    # The send and the status it left, in one transaction: the message says what it did.
+    with database.atomic():
+        stored = waits.send_event(run.pk, key, value)
+        status = Workflow.objects.filter(pk=run.pk).values_list("status", flat=True).get()
+    sent = f"Sent event {key!r} with the value {_clip(serde.dumps(value))}"
+    if not stored:
+        return f"Event {key!r} was sent before: the first value is kept, this one was not stored."
+    if status != seen:
+        return f"{sent}: {seen} -> {status}."
+    return f"{sent}; the run does not wait for it yet, it is kept until it does."
 
 
 def _requeue(request, run, seen, form) -> str:
@@ -131,9 +167,11 @@ ACTIONS = {
     action.name: action
     for action in [
         RunAction("retry", "Retry", "retried", operations.RETRYABLE, _retry),
-        RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop),
+        RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop, StopForm, after=_after_stop),
         RunAction("resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm),
         RunAction("requeue", "Requeue", "requeued", operations.REQUEUEABLE, _requeue, RequeueForm),
+        RunAction("wake", "Wake now", "woken", (Status.WAITING,), _wake),
+        RunAction("send_event", "Send event", "sent an event", (Status.WAITING,), _send_event, SendEventForm),
         RunAction(
             "rerun", "Re-run from here", "re-run from a step", history.RERUNNABLE, _rerun, StepCutForm,
             preview=history.rerun_preview,
@@ -235,6 +273,7 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
         "action_url": model_admin.page_url(request, f"run_{action.name}", *url_args),
         "action_form_template": model_admin.action_form_template,
         "discarded": operations.retry_preview(run.pk) if action.name == "retry" else [],
+        "waiting_for": views.waiting_for(request, model_admin, run) if action.name in WAIT_ACTIONS else [],
         **views.page_context(request, model_admin, run),
     }
     return views.page_or_fragment(

@@ -22,6 +22,7 @@ from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.shortcuts import redirect
 from django.urls import path, reverse
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.translation import gettext
 
@@ -138,6 +139,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def has_fork_permission(self, request, obj=None):
         return request.user.has_perm(f"{self.opts.app_label}.fork_workflow")
 
+    def has_wake_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.wake_workflow")
+
+    def has_send_event_permission(self, request, obj=None):
+        return request.user.has_perm(f"{self.opts.app_label}.send_event_workflow")
+
     def action_buttons(self, request, run):
         return available(request, self, run)
 
@@ -147,6 +154,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     # Pages
 
+    @method_decorator(views.reading_replica)
     def changelist_view(self, request, extra_context=None):
         # Django drops a bulk action the user may not take and shows the list
         # again; refuse it outright, as the run page's actions do.

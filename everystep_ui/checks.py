@@ -28,3 +28,17 @@ def check_htmx(app_configs, **kwargs):
             )
         )
     return errors
+
+
+@checks.register()
+def check_read_database(app_configs, **kwargs):
+    alias = getattr(settings, "EVERYSTEP_UI_READ_DATABASE", None)
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        checks.Error(
+            f"EVERYSTEP_UI_READ_DATABASE names {alias!r}, which is not an alias of DATABASES.",
+            hint="Name the alias of a streaming replica of everystep's database, or remove the setting.",
+            id="everystep_ui.E003",
+        )
+    ]

@@ -2,9 +2,9 @@
 
 from django import forms
 
-from everystep import serde, waits
+from everystep import children, serde, waits
 from everystep.errors import EverystepError
-from everystep.models import Step, Workflow
+from everystep.models import Step, Wait, Workflow
 
 
 class RunActionForm(forms.Form):
@@ -24,6 +24,56 @@ class RunActionForm(forms.Form):
         """How the run differs from what the operator saw (empty if it does not)."""
         seen = self.data.get("seen_status")
         return f"it is {self.run.status} now, not {seen}" if seen and seen != self.run.status else ""
+
+
+class StopForm(RunActionForm):
+    """Stop offers to stop the run's unfinished child runs too (and theirs),
+    when it has any: each is stopped only if it is still as it was read."""
+
+    stop_children = forms.BooleanField(required=False)
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, run=run)
+        self.descendants = children.unfinished_descendants(run.pk)
+        count = len(self.descendants)
+        if count:
+            self.fields["stop_children"].label = (
+                f"Also stop its {count} unfinished child run{'s' if count > 1 else ''} "
+                "(started with start_child, and their own children)"
+            )
+        else:
+            del self.fields["stop_children"]
+
+
+class SendEventForm(RunActionForm):
+    """The event's key and its value as JSON; the key the run waits for, if
+    it waits for one, is filled in."""
+
+    key = forms.CharField(
+        label="Key", max_length=255, widget=forms.TextInput(attrs={"size": 40}),
+        help_text="The key the workflow waits for with wait_for_event().",
+    )
+    value = forms.CharField(
+        label="Value (JSON)",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": '{"approved": true}'}),
+        help_text="What wait_for_event() returns, as JSON: an object, a list, a string in quotes, "
+        "a number, true, false or null.",
+    )
+
+    def __init__(self, data=None, *, run: Workflow):
+        super().__init__(data, run=run)
+        awaited = Wait.objects.filter(run_id=run.pk, kind=Wait.Kind.EVENT).values_list("key", flat=True)
+        awaited = awaited.first()
+        if awaited:
+            self.fields["key"].initial = awaited
+
+    def clean_value(self):
+        text = self.cleaned_data["value"]
+        try:
+            return serde.loads(text)
+        except (ValueError, EverystepError) as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
 
 
 class RequeueForm(RunActionForm):

@@ -1,13 +1,24 @@
 """The overview page: runs per status, the dead-letter depth, the age of the
-oldest scheduled run, throughput over the last hour, the workers and the cron
-schedules.
+oldest scheduled run, throughput over the last hour, the workers, the cron
+schedules and the concurrency limits.
 
 Every figure is one query an index serves, so the page stays cheap on a table
-of millions of runs: the status index for the counts (GROUP BY status) and the
-runners (status = 'running'), the claim index for the oldest scheduled run, the
-completed_at index for the throughput chart, and the unique (name,
-idempotency_key) index for each schedule's last run and missed slot (two
-lookups per schedule). The workers are the heartbeat table, a row per worker.
+of millions of runs: the status index for the counts of the statuses that
+stay small (scheduled, running, blocked) and the runners (status =
+'running'), the claim index for the oldest scheduled run, the completed_at
+index for the throughput chart, and the unique (name, idempotency_key) index
+for each schedule's last run and missed slot (two lookups per schedule). The
+workers are the heartbeat table, a row per worker.
+The concurrency limits are one query for all limited workflows
+(``everystep.limits.peek``: index probes per workflow).
+
+The counts of the history (completed, failed, stopped) grow with every run
+ever made: counting them exactly reads every one of their index entries, a
+cost that grows with the table (about 120 ms at a million runs). Above
+``ESTIMATE_ABOVE`` rows, on PostgreSQL, they are the planner's statistics
+instead (the table's row estimate times each status's share, kept by
+ANALYZE), shown as estimates; a status too rare to be in the statistics is
+counted exactly, which is cheap because it is rare.
 """
 
 import datetime as dt
@@ -15,16 +26,21 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
+from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from everystep import cron, heartbeats, registry
+from everystep import cron, heartbeats, limits, registry
 from everystep.models import Heartbeat, Workflow
 
 from . import display, views
+from .paginators import EstimatedCountPaginator
 
 Status = Workflow.Status
+# The statuses history accumulates in; the others stay small and are always exact.
+HISTORY = [Status.COMPLETED, Status.FAILED, Status.STOPPED]
+ESTIMATE_ABOVE = EstimatedCountPaginator.estimate_threshold
 CHART_MINUTES = 60
 CHART_WIDTH, CHART_HEIGHT = 600, 120
 
@@ -34,6 +50,41 @@ CHART_WIDTH, CHART_HEIGHT = 600, 120
 
 def status_counts_query():
     return Workflow.objects.order_by().values_list("status").annotate(n=Count("*"))
+
+
+def table_statistics(queryset) -> tuple[int, dict[str, float]] | None:
+    """PostgreSQL's statistics of the runs table, in one query: its estimated
+    rows (``pg_class.reltuples``) and each frequent status's share of them
+    (``pg_stats``; empty before the first ANALYZE). None off PostgreSQL, or
+    for a table never analysed."""
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    table = queryset.model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.reltuples, s.most_common_vals::text::text[], s.most_common_freqs "
+            "FROM pg_class AS c LEFT JOIN pg_stats AS s ON s.schemaname = current_schema() "
+            "AND s.tablename = %s AND s.attname = 'status' WHERE c.oid = to_regclass(%s)",
+            [table, connection.ops.quote_name(table)],
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[0] < 0:
+        return None
+    return int(row[0]), dict(zip(row[1], row[2], strict=True)) if row[1] else {}
+
+
+def status_counts() -> tuple[dict[str, int], bool]:
+    """Runs per status, and whether the history's counts are estimates."""
+    statistics = table_statistics(Workflow.objects.all())
+    if statistics is None or statistics[0] <= ESTIMATE_ABOVE:
+        return dict(status_counts_query()), False
+    rows, shares = statistics
+    estimated = {status: round(rows * shares[status]) for status in HISTORY if status in shares}
+    # A positive list, which the status index serves (a NOT IN would read the table).
+    rest = [status for status in Status.values if status not in estimated]
+    exact = dict(status_counts_query().filter(status__in=rest))
+    return {**exact, **estimated}, bool(estimated)
 
 
 def oldest_scheduled_query():
@@ -171,13 +222,14 @@ def build_chart(start: dt.datetime, rows) -> Chart:
 
 def figures(now: dt.datetime | None = None) -> dict:
     now = now or timezone.now()
-    counts = dict(status_counts_query())
+    counts, estimated = status_counts()
     runners = list(runners_query())
     oldest = next(iter(oldest_scheduled_query()), None)
     start = chart_start(now)
     return {
         "counts": [(status, counts.get(status, 0)) for status in Status.values],
         "total": sum(counts.values()),
+        "estimated": estimated,
         "blocked": counts.get(Status.BLOCKED, 0),
         "oldest_scheduled": oldest,
         "oldest_scheduled_age": display.format_duration(now - oldest) if oldest else None,
@@ -187,6 +239,7 @@ def figures(now: dt.datetime | None = None) -> dict:
         "stale_after": heartbeats.shown_stale_after(),
         "recovery_on": heartbeats.stale_after() is not None,
         "schedules": [cron.state(schedule, now) for schedule in registry.schedules()],
+        "limits": limits.peek(registry.concurrency_limits()),
         "now": now,
     }
 
@@ -255,6 +308,15 @@ def overview(request, *, model_admin):
                 last_run_url=state.last_run and model_admin.page_url(request, "run", state.last_run.id),
             )
             for state in data["schedules"]
+        ],
+        "limits": [
+            (
+                usage,
+                listed(name=usage.name, status=Status.RUNNING),
+                usage.oldest_waiting and display.format_duration(data["now"] - usage.oldest_waiting),
+                listed(name=usage.name, status=Status.SCHEDULED),
+            )
+            for usage in data["limits"]
         ],
         "blocked_url": listed(status=Status.BLOCKED),
         "scheduled_url": listed(status=Status.SCHEDULED),

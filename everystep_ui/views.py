@@ -21,8 +21,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
 
-from everystep import heartbeats, waits
-from everystep.models import Heartbeat, RunFork, Step, Workflow
+from everystep import database, heartbeats, waits
+from everystep.models import ChildRun, Heartbeat, RunFork, Step, Wait, Workflow
 
 from . import display, tree
 from .payloads import JSONHead, Preview, json_download
@@ -30,9 +30,40 @@ from .payloads import JSONHead, Preview, json_download
 RUN_PAYLOADS = ("args", "result", "error")
 STEP_PAYLOADS = ("args", "kwargs", "result", "error")
 FORKS_SHOWN = 20  # a run page lists this many of the run's forks, oldest first
+CHILDREN_SHOWN = 50  # and this many of its child runs
 # What a run's completed_at is on its page. A blocked run has not ended: it waits
 # for an operator since then, and is scheduled again once resolved.
 END_LABELS = {"failed": "Failed at", "stopped": "Stopped at", "blocked": "Blocked since"}
+
+
+def read_alias() -> str | None:
+    """``EVERYSTEP_UI_READ_DATABASE``: the alias the pages read from (a
+    streaming replica of everystep's database), or None for that database."""
+    from django.conf import settings
+
+    return getattr(settings, "EVERYSTEP_UI_READ_DATABASE", None)
+
+
+def reading_replica(view):
+    """Serve GET and HEAD requests from ``EVERYSTEP_UI_READ_DATABASE``: the
+    pages and the action forms read there, rendered inside the block (a
+    TemplateResponse renders after the view returns). Every other method
+    (an action's POST, a bulk action) writes to everystep's database: an
+    action's fence on the status the form saw (``seen_status``) then refuses
+    it if the replica showed a state the primary has left."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        alias = read_alias()
+        if alias is None or request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        with database.reading_from(alias):
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not response.is_rendered:
+                response.render()
+        return response
+
+    return wrapper
 
 
 def staff_only(view, admin_site):
@@ -40,7 +71,7 @@ def staff_only(view, admin_site):
     HTMX request without a valid session gets a client redirect to the login
     page: htmx would follow a plain redirect and swap the login form into a
     fragment of the page."""
-    protected = admin_site.admin_view(view)
+    protected = admin_site.admin_view(reading_replica(view))
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -66,8 +97,9 @@ def run_detail(request, run_id, *, model_admin):
 
 
 def lineage(request, model_admin, run: Workflow) -> dict:
-    """The run this one was forked from, and the runs forked from it (shown
-    outside the polled block: they do not change while the run runs)."""
+    """The run this one was forked from, the runs forked from it, its parent
+    and its children (shown outside the polled block: the links do not change
+    while the run runs; a child's status is as of the page's load)."""
     origin = RunFork.objects.filter(run_id=run.pk).values("origin_id", "origin_step_id").first()
     if origin is not None:
         origin_id = origin["origin_id"]
@@ -99,7 +131,66 @@ def lineage(request, model_admin, run: Workflow) -> dict:
             for fork_id, step_id, status in forks
         ],
         "more_forks": more,
+        **family(request, model_admin, run),
     }
+
+
+def family(request, model_admin, run: Workflow) -> dict:
+    """The run that started this one with ``start_child``, and the child runs
+    this one started, with their statuses (oldest first)."""
+    link = ChildRun.objects.filter(child_id=run.pk).values("parent_id", "step_id", "parent__status").first()
+    parent = None
+    if link is not None:
+        parent = {
+            **_run_link(request, model_admin, link["parent_id"]),
+            "step_id": link["step_id"],
+            "status": link["parent__status"],
+        }
+    rows = list(
+        ChildRun.objects.filter(parent_id=run.pk)
+        .order_by("created_at", "child_id")
+        .values_list("child_id", "step_id", "child__name", "child__status")[: CHILDREN_SHOWN + 1]
+    )
+    more = 0
+    if len(rows) > CHILDREN_SHOWN:
+        more = ChildRun.objects.filter(parent_id=run.pk).count() - CHILDREN_SHOWN
+        rows = rows[:CHILDREN_SHOWN]
+    return {
+        "parent": parent,
+        "children": [
+            {**_run_link(request, model_admin, child_id), "step_id": step_id, "name": name, "status": status}
+            for child_id, step_id, name, status in rows
+        ],
+        "more_children": more,
+    }
+
+
+def waiting_for(request, model_admin, run: Workflow) -> list[dict]:
+    """What a ``waiting`` run waits for, one entry per wait row: ``kind``
+    ``time`` (``until``), ``event`` (``key``, ``until``: its timeout, if
+    any) or ``child`` (``child``: a link with the child's status). Empty for
+    any other status (a run's wait rows go when it is woken)."""
+    if run.status != Workflow.Status.WAITING:
+        return []
+    waits = Wait.objects.filter(run_id=run.pk).order_by("step_id")
+    rows = list(waits.values("step_id", "kind", "key", "wake_at"))
+    child_ids = [row["key"] for row in rows if row["kind"] == Wait.Kind.CHILD]
+    statuses = {}
+    if child_ids:
+        statuses = dict(Workflow.objects.filter(id__in=child_ids).values_list("id", "status"))
+    found = []
+    for row in rows:
+        entry = {"kind": row["kind"], "step_id": row["step_id"], "key": row["key"], "until": row["wake_at"]}
+        if row["kind"] == Wait.Kind.CHILD:
+            child_id = uuid.UUID(row["key"])
+            entry["child"] = {**_run_link(request, model_admin, child_id), "status": statuses.get(child_id)}
+        found.append(entry)
+    return found
+
+
+def _run_link(request, model_admin, run_id) -> dict:
+    url = model_admin.page_url(request, "run", run_id)
+    return {"id": run_id, "short_id": display.short_id(run_id), "url": url}
 
 
 def step_detail(request, run_id, step_pk, *, model_admin):
@@ -242,6 +333,7 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "tree": step_tree,
         "claimer": claimer,
         "steps_recorded": len(steps),
+        "waiting_for": waiting_for(request, model_admin, run),
         "action_buttons": model_admin.action_buttons(request, run),
         "step_actions": model_admin.step_action_buttons(request, run),
         **page_context(request, model_admin, run),

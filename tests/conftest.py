@@ -1,8 +1,11 @@
+import os
+
 import pytest
 from django.conf import settings
 
 from everystep import runner
 from tests.scratch import cron_workflow, scratch_modules  # noqa: F401  (fixtures for every test package)
+from tests.throwaway_pgbouncer import PgBouncerUnavailable, ThrowawayPgBouncer
 from tests.throwaway_postgres import ThrowawayPostgres
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
@@ -39,3 +42,33 @@ def throwaway_postgres():
     with ThrowawayPostgres() as server:
         yield server
 
+
+
+@pytest.fixture
+def start_pgbouncer():
+    """``start_pgbouncer(pool_size=2)``: a PgBouncer of the test's own in transaction
+    pooling (tests/throwaway_pgbouncer.py), in front of the PostgreSQL server that
+    holds everystep's test database; stopped at the end, also when the test fails.
+
+    PostgreSQL pass only. A missing ``pgbouncer`` skips the test, unless
+    EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
+    from everystep import database
+
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        pytest.skip("PgBouncer pools PostgreSQL connections: runs in the PostgreSQL pass")
+    target = settings.DATABASES[database.alias()]
+    started = []
+
+    def start(pool_size: int = 2) -> ThrowawayPgBouncer:
+        try:
+            bouncer = ThrowawayPgBouncer(target["HOST"], target["PORT"], pool_size=pool_size)
+        except PgBouncerUnavailable as exc:
+            if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
+                pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
+            pytest.skip(str(exc))
+        started.append(bouncer)
+        return bouncer.start()
+
+    yield start
+    for bouncer in started:
+        bouncer.stop()

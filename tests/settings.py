@@ -91,6 +91,14 @@ if os.environ.get("EVERYSTEP_TEST_SPLIT"):
     EVERYSTEP_DATABASE = "engine"
     DATABASE_ROUTERS = ["everystep.routers.EverystepRouter"]
 
+# Worker subprocesses of the PgBouncer tests (tests/worker/test_pgbouncer.py)
+# reach everystep's database through PgBouncer, their LISTEN connection straight.
+if "EVERYSTEP_TEST_PREPARED_STATEMENTS" in os.environ:
+    EVERYSTEP_PREPARED_STATEMENTS = os.environ["EVERYSTEP_TEST_PREPARED_STATEMENTS"] == "1"
+if os.environ.get("EVERYSTEP_TEST_LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = database_from_url(os.environ["EVERYSTEP_TEST_LISTEN_DATABASE_URL"])
+    EVERYSTEP_LISTEN_DATABASE = "listen"
+
 # Worker subprocesses of the heartbeat tests are given short heartbeats (the
 # suite itself keeps the defaults, which the other process tests rely on).
 if "EVERYSTEP_TEST_HEARTBEAT_INTERVAL" in os.environ:

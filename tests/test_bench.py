@@ -124,6 +124,23 @@ def test_ui_pages(tmp_path):
     assert {"runs list, first page", "run page, 5,000 steps"} <= set(figures)
 
 
+def test_flat_costs(tmp_path):
+    out = tmp_path / "figures.json"
+    done = bench(
+        "flat_costs.py", "--runs", "400", "--steps", "4000", "--baseline-runs", "100", "--rounds", "1",
+        "--claims", "2", "--requests", "1", "--fleet-steps-per-s", "2000", "--json", str(out),
+    )
+    made = re.findall(r"^database (\S+) \(dropped at exit\)$", done.stdout, re.M)
+    assert len(made) == 2 and not any(database_exists(name) for name in made)
+    figures = json.loads(out.read_text())
+    assert {"claim latency, ms", "steps/s, one thread", "runs list, ms", "overview, ms"} <= set(figures)
+    assert all(figures[label]["baseline"] > 0 and figures[label]["full"] > 0 for label in figures
+               if label not in ("prune", "disk", "claim buffers"))
+    assert all(buffers > 0 for buffers in figures["claim buffers"].values())
+    assert [half["runs"] for half in figures["prune"]["halves"]] == [20, 20]
+    assert figures["disk"]["step_rows"] >= 4000 and figures["disk"]["mb_per_million_steps"] > 0
+
+
 def test_history_operations(tmp_path):
     figures = figures_of(tmp_path, "history.py", "--runs", "2", "--steps", "50", "--payload-kb", "0.1")
     assert set(figures) == {"preview", "fork", "re-run"}
@@ -139,6 +156,15 @@ def test_payload_pages_in_chromium(tmp_path):
     assert all(figure["bytes"] > 0 and figure["ms"] > 0 for figure in pages.values())
 
 
+def test_ceiling_next_to_pgbench(tmp_path):
+    figures = figures_of(tmp_path, "ceiling.py", "--runs", "5", "--rounds", "1", "--seconds", "1",
+                         "--curve", "1x1,1x2", "--fleet", "1x2")
+    assert set(figures["pgbench_tps"]) == {"1", "2"} and all(v > 0 for v in figures["pgbench_tps"].values())
+    assert set(figures["curve"]) == {"1x1", "1x2"}
+    assert all(fig["steps_per_s"] > 0 and fig["cpu_us_per_step"] > 0 for fig in figures["curve"].values())
+    assert figures["fleet"] == "1x2" and figures["solo_share"] > 0 and figures["fleet_share"] > 0
+
+
 def test_fencing_runs():
     done = bench("fencing.py", "--steps", "20", "--rounds", "1", "--background-runs", "10")
     assert "prepared" in done.stdout
@@ -152,6 +178,10 @@ FIGURES = {
     "pickup": {"notify": {"p50_ms": 10.5, "p99_ms": 50}, "poll": {"p50_ms": 150, "p99_ms": 210}},
     "ui": {"runs list, first page": {"p50_ms": 150}, "run page, 5,000 steps": {"p50_ms": 151}},
     "payloads": {"run page": {"ms": 500, "bytes": 64_001}, "step page": {"ms": 501, "bytes": 18_000}},
+    "ceiling": {"pgbench_tps": {"1": 2000, "16": 8000}, "fleet": "2x8", "fleet_clients": 16,
+                "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100},
+                          "2x8": {"steps_per_s": 4700, "cpu_us_per_step": 150}},
+                "solo_share": 0.75, "fleet_share": 0.5875, "cpu_us_per_step": 100},
 }
 
 
@@ -171,4 +201,17 @@ def test_the_summary_judges_each_figure_against_its_target():
         "run page, HTML": "MISS",
         "step page, drawn (Chromium)": "MISS",
         "step page, HTML": "PASS",
+        "everystep 1x1 / pgbench 1 client": "PASS",  # 75% is the bound
+        "everystep 2x8 / pgbench 16 clients": "MISS",  # 58.75% < 60%
+        "worker CPU per recorded step (1x1)": "PASS",  # 100 us is the bound
     }
+
+
+def test_children(tmp_path):
+    figures = figures_of(tmp_path, "children.py", "--calls", "5", "--runs", "3", "--rounds", "1")
+    assert set(figures["ms"]) == {"start_child", "step", "child end", "plain end"}
+    assert {"start_child_vs_step", "child_end_vs_plain_end"} <= set(figures)
+
+def test_limits_runs():
+    done = bench("limits.py", "--claims", "3", "--backlog", "20")
+    assert "limited runs, room" in done.stdout

@@ -163,6 +163,15 @@ def woken(name: str, n: int) -> None:
         metrics.woken(name, n)
 
 
+def child_started(workflow: str, child: str, runner: str, step_id: str, child_id) -> None:
+    """A run of ``workflow`` started a run of ``child`` at ``step_id``
+    (``start_child`` inserted it: a replay that finds it again does not count)."""
+    if metrics is not None:
+        metrics.child_started(workflow, child, runner)
+    if tracing is not None:
+        tracing.child_started(step_id, child, child_id)
+
+
 def cron_started(workflow: str, runner: str, late: float, skipped: int) -> None:
     """This worker's insert won a cron slot, ``late`` seconds after the slot's
     time, skipping ``skipped`` missed slots before it (the catch-up policy)."""

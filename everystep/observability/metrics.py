@@ -83,13 +83,18 @@ cron_start_delay = Histogram(
 )
 runs_suspended = Counter(
     "everystep_runs_suspended",
-    "Runs that left their worker as waiting (a durable sleep or event wait), by kind of wait.",
+    "Runs that left their worker as waiting (a durable sleep, an event or child run wait), by kind of wait.",
     ["workflow", "kind", "runner"],
 )
 runs_woken = Counter(
     "everystep_runs_woken",
     "Waiting runs a worker put back to scheduled because their wake time came.",
     ["runner"],
+)
+children_started = Counter(
+    "everystep_children_started",
+    "Child runs started with start_child, by the parent's workflow and the child's.",
+    ["workflow", "child", "runner"],
 )
 events_sent = Counter(
     "everystep_events_sent",
@@ -139,6 +144,10 @@ def event_sent(workflow: str) -> None:
 
 def woken(name: str, n: int) -> None:
     runs_woken.labels(name).inc(n)
+
+
+def child_started(workflow: str, child: str, runner: str) -> None:
+    children_started.labels(workflow, child, runner).inc()
 
 
 def worker_started(name: str, size: int) -> None:

@@ -64,6 +64,17 @@ def run_failed(exc: BaseException) -> None:
     _fail(trace.get_current_span(), exc)
 
 
+def child_started(step_id: str, child: str, child_id) -> None:
+    """An event on the run's span: the parent's trace names each child it
+    started (the child's own run span carries its run id)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        attributes = {
+            "everystep.step_id": step_id, "everystep.workflow": child, "everystep.run_id": str(child_id),
+        }
+        span.add_event("everystep.child_started", attributes)
+
+
 def recording() -> bool:
     """Whether the current span records: steps and forks make spans only then."""
     return trace.get_current_span().is_recording()

@@ -5,7 +5,7 @@ do not exist in ``default`` at all, so any engine or UI query sent there fails.
 The tests here check the layout itself, the transaction rule and the checks."""
 
 import pytest
-from django.conf import settings  # noqa: F401  (read by the skipif condition)
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.db import connections, transaction
 from django.test import override_settings
@@ -97,3 +97,26 @@ def test_transitions_reach_the_engine_database():
     run = schedule(w.three_steps)
     operations.stop_run(run.id, actor="ops")
     assert Workflow.objects.using("engine").get(id=run.id).status == "stopped"
+
+
+def test_a_listen_database_that_is_no_alias_is_a_check_error():
+    with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
+        errors = checks.check_listen_database(None)
+    assert ids(errors) == ["everystep.E010"]
+    assert "'direct'" in errors[0].msg and "EVERYSTEP_LISTEN_DATABASE" in errors[0].msg
+
+
+def test_a_listen_database_that_is_not_postgresql_is_a_check_error(monkeypatch):
+    # Only the check reads it (overriding DATABASES would reach the connections).
+    monkeypatch.setitem(settings.DATABASES, "direct", {"ENGINE": "django.db.backends.sqlite3", "NAME": "x"})
+    with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
+        errors = checks.check_listen_database(None)
+    assert ids(errors) == ["everystep.E011"]
+    assert "django.db.backends.sqlite3" in errors[0].msg
+
+
+def test_a_postgresql_listen_database_passes_the_check(monkeypatch):
+    monkeypatch.setitem(settings.DATABASES, "direct", {"ENGINE": "django.db.backends.postgresql"})
+    with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
+        assert checks.check_listen_database(None) == []
+    assert checks.check_listen_database(None) == []  # unset

@@ -3,12 +3,14 @@ through the ORM, and on PostgreSQL it is prepared unless the setting says not to
 
 import datetime as dt
 import uuid
+from contextlib import contextmanager
 
 import pytest
+from django.db import IntegrityError, OperationalError
 from django.test import override_settings
 from django.utils import timezone
 
-from everystep import database, statements
+from everystep import database, serde, statements
 from everystep.models import Step, Workflow
 from tests.core import workflows as w
 from tests.helpers import CLAIMER, run_workflow
@@ -80,3 +82,97 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler():
     run = run_workflow(w.sequential, 3)
     assert run.status == "completed" and run.steps.count() == 3
     assert prepared_statements() == []
+
+
+# On an autocommit PostgreSQL connection (a worker's), the step insert goes
+# straight through libpq; in a transaction (the tests above) through a psycopg
+# cursor. Both must read the same.
+
+
+def autocommit_postgresql():
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the libpq path is PostgreSQL's")
+
+
+def insert(run_id, step_id: str, *, claimer: str = CLAIMER, result=None) -> bool:
+    return statements.insert_step(
+        database.alias(), run_id, claimer, step_id, "a.b", "done", args=serde.encode([VALUE]),
+        kwargs={}, result=serde.encode(result), error=None, prepared=True,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_autocommit_rows_read_back_through_the_orm():
+    autocommit_postgresql()
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    assert insert(run.id, "1", result=VALUE)
+    assert not insert(run.id, "2", claimer="someone-else")  # fenced
+    step = Step.objects.get(workflow=run)
+    assert (step.step_id, step.args, step.kwargs, step.result) == ("1", [VALUE], {}, VALUE)
+    error = {"type": "builtins.ValueError", "message": "no", "args": ["no"]}
+    Step.objects.create(workflow=run, step_id="3", name="a.c", status="failed", error=error)
+    assert sorted(statements.load_outcomes(run.id)) == [
+        ("1", "done", "a.b", VALUE, None),
+        ("3", "failed", "a.c", None, error),
+    ]
+    before = timezone.now()
+    assert statements.finish_run(run.id, CLAIMER, "completed", result=VALUE)
+    assert not statements.finish_run(run.id, CLAIMER, "completed", result=1)  # fenced: ended
+    run.refresh_from_db()
+    assert run.status == "completed" and run.result == VALUE
+    assert before <= run.completed_at <= timezone.now()
+    assert "everystep_insert_step" in prepared_statement_names()
+
+
+def prepared_statement_names() -> list[str]:
+    with database.connection().cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_libpq_a_duplicate_step_is_an_integrity_error_and_the_connection_goes_on():
+    autocommit_postgresql()
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    assert insert(run.id, "1")
+    with pytest.raises(IntegrityError, match="everystep_step_workflow_step_id_uniq"):
+        insert(run.id, "1")
+    assert insert(run.id, "2")
+    assert Step.objects.filter(workflow=run).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_libpq_statements_deallocated_behind_its_back_are_prepared_again():
+    autocommit_postgresql()
+    assert run_workflow(w.sequential, 2).status == "completed"
+    with database.connection().cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does
+    assert run_workflow(w.sequential, 2).status == "completed"
+    assert "everystep_insert_step" in prepared_statement_names()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_libpq_a_lost_connection_is_an_operational_error():
+    autocommit_postgresql()
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    assert insert(run.id, "1")
+    conn = database.connection()
+    pid = conn.connection.info.backend_pid
+    with psycopg_session() as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError, match="connection"):
+        insert(run.id, "2")
+    conn.close()
+    assert insert(run.id, "2")  # reconnected
+
+
+@contextmanager
+def psycopg_session():
+    """A second session on the test database, outside Django's connection."""
+    import psycopg
+
+    params = database.connection().get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        yield other

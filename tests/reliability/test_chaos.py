@@ -3,14 +3,17 @@ PostgreSQL restart, of a server the soak starts for itself (the one the suite
 was given is not touched), then a worker SIGKILLed for good, whose runs the
 others must recover within EVERYSTEP_RECOVER_STALE_AFTER plus one poll. The
 soak checks its own invariants and exits non-zero on any violation (see
-bench/chaos.py)."""
+bench/chaos.py). The second soak runs the workers behind a PgBouncer of its own
+(transaction pooling), killed and restarted once."""
 
+import os
 import re
 
 import pytest
 from django.conf import settings
 
 from tests.scripts import run_script
+from tests.throwaway_pgbouncer import PgBouncerUnavailable, pgbouncer_program
 
 pytestmark = [pytest.mark.slow]
 
@@ -23,3 +26,20 @@ def test_short_chaos_soak_keeps_every_promise():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no violations" in out.stdout
     assert re.search(r"dead worker chaos-\d: SIGKILLed holding [1-9]\d* runs, never restarted", out.stdout)
+
+
+def test_short_chaos_soak_behind_pgbouncer_keeps_every_promise():
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        pytest.skip("the soak runs in the PostgreSQL pass")
+    try:
+        pgbouncer_program()
+    except PgBouncerUnavailable as exc:
+        if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
+            pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
+        pytest.skip(str(exc))
+    out = run_script("bench/chaos.py", "--short", "--seed", "7", "--pgbouncer", timeout=600)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no violations" in out.stdout
+    restarted = r"PgBouncer: killed and restarted 1 time\(s\); the workers logged [1-9]\d* reconnect"
+    assert re.search(restarted, out.stdout)

@@ -288,6 +288,30 @@ def test_paginator_uses_the_estimate_only_for_a_big_unfiltered_table(monkeypatch
 
 
 @pytest.mark.django_db
+def test_a_filtered_list_matching_many_rows_uses_the_plans_estimate(monkeypatch, make_run):
+    for _ in range(3):
+        make_run()
+    filtered = Workflow.objects.filter(status="scheduled")
+    monkeypatch.setattr(paginators, "estimated_match_count", lambda queryset: 800_000)
+    assert EstimatedCountPaginator(filtered, 100).count == 800_000
+    monkeypatch.setattr(paginators, "estimated_match_count", lambda queryset: 40)
+    assert EstimatedCountPaginator(filtered, 100).count == 3
+    monkeypatch.setattr(paginators, "estimated_match_count", lambda queryset: None)
+    assert EstimatedCountPaginator(filtered, 100).count == 3
+
+
+@pytest.mark.django_db
+def test_the_plans_estimate_is_postgresql_only(make_run):
+    for _ in range(3):
+        make_run(status="failed")
+    estimate = paginators.estimated_match_count(Workflow.objects.filter(status="failed"))
+    if database.connection().vendor == "postgresql":
+        assert isinstance(estimate, int) and estimate >= 1
+    else:
+        assert estimate is None
+
+
+@pytest.mark.django_db
 def test_estimate_is_postgresql_only():
     estimate = paginators.estimated_row_count(Workflow.objects.all())
     if database.connection().vendor == "postgresql":

@@ -2,7 +2,7 @@
 
 from django.test import override_settings
 
-from everystep_ui.checks import check_htmx
+from everystep_ui.checks import check_htmx, check_read_database
 
 
 def ids(errors):
@@ -32,3 +32,13 @@ def test_the_check_is_registered():
     from django.core.checks import registry
 
     assert check_htmx in registry.registry.get_checks()
+
+
+def test_an_unknown_read_database_is_an_error():
+    assert check_read_database(None) == []
+    with override_settings(EVERYSTEP_UI_READ_DATABASE="replica"):
+        errors = check_read_database(None)
+    assert ids(errors) == ["everystep_ui.E003"]
+    assert "'replica'" in errors[0].msg
+    with override_settings(EVERYSTEP_UI_READ_DATABASE="default"):
+        assert check_read_database(None) == []

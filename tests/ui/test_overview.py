@@ -228,7 +228,7 @@ STATUS_MIX = ["completed"] * 90 + ["failed"] * 5 + ["stopped"] * 2 + ["blocked",
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_overview_queries_use_indexes_on_a_big_table():
+def test_the_overview_queries_use_indexes_on_a_big_table(monkeypatch, admin_client):
     if database.connection().vendor != "postgresql":
         pytest.skip("the plans checked are PostgreSQL's")
     rng = random.Random(7)
@@ -268,6 +268,24 @@ def test_the_overview_queries_use_indexes_on_a_big_table():
         assert "everystep_workflow" in plan, f"{what}:\n{plan}"
     # And the figures still add up.
     assert overview.figures(now)["total"] == 20_000
+    exact = dict(overview.status_counts_query())
+
+    # Above the threshold the history's counts are the statistics' estimates,
+    # the statuses that stay small are still counted, by the status index.
+    monkeypatch.setattr(overview, "ESTIMATE_ABOVE", 10_000)
+    counts, estimated = overview.status_counts()
+    assert estimated
+    for status in overview.HISTORY:
+        assert counts[status] == pytest.approx(exact[status], rel=0.25), status
+    for status in ("scheduled", "running", "blocked"):
+        assert counts[status] == exact[status], status
+    rest = overview.status_counts_query().filter(status__in=["scheduled", "running", "blocked"])
+    assert "Seq Scan" not in rest.explain()
+    response = admin_client.get(PAGE)
+    assert 'id="es-counts-estimated"' in response.text
+
+    monkeypatch.setattr(overview, "ESTIMATE_ABOVE", 100_000)
+    assert overview.status_counts() == (exact, False)
 
 
 # The cron schedules
@@ -337,3 +355,27 @@ def test_the_page_lists_the_schedules(admin_client, cron_workflow, make_run):
 
 def test_no_schedules_section_without_schedules(admin_client, db):
     assert "Schedules" not in admin_client.get(PAGE).text
+
+
+def test_the_page_lists_the_concurrency_limits(admin_client, cron_workflow, make_run):
+    full = cron_workflow("exports", max_concurrent=2).__everystep__.name
+    idle = cron_workflow("mailer", max_concurrent=5).__everystep__.name
+    for _ in range(2):
+        make_run(name=full, status="running", claimed_by="w1")
+    make_run(name=full, status="scheduled", created_at=timezone.now() - dt.timedelta(minutes=3))
+    make_run(name=idle, status="completed")
+
+    html = admin_client.get(PAGE).text
+    assert "<h2>Concurrency limits</h2>" in html
+    row = schedule_row(html, full)
+    running = f"/admin/everystep/workflow/?name={full}&amp;status=running"
+    waiting = f"/admin/everystep/workflow/?name={full}&amp;status=scheduled"
+    assert f'<td class="es-number es-full"><a href="{running}">2</a></td> <td class="es-number">2</td>' in row
+    assert re.search(rf'<a href="{re.escape(waiting)}">waiting 3 min( \d+ s)?</a>', row), row
+    row = schedule_row(admin_client.get(PAGE, **HTMX).text, idle)
+    assert '<td class="es-number"><a href' in row and ">0</a></td> <td class=\"es-number\">5</td>" in row
+    assert "none waiting" in row
+
+
+def test_no_limits_section_without_limits(admin_client, db):
+    assert "Concurrency limits" not in admin_client.get(PAGE).text

@@ -295,6 +295,46 @@ def test_prune_refuses_non_terminal_statuses(status):
     assert Workflow.objects.filter(id=run.id).exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_prune_statements_use_indexes_on_a_big_table():
+    """Each batch finds its runs by the completed_at index and their steps by
+    the unique (workflow_id, step_id) index: a pass over a long history costs
+    per run pruned, not per run kept (bench/flat_costs.py measures the rate)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from everystep import database
+
+    conn = database.connection()
+    if conn.vendor != "postgresql":
+        pytest.skip("the plans checked are PostgreSQL's")
+    now = timezone.now()
+    runs = [
+        Workflow(name=CHAIN, args=[], status=S.FAILED if i % 50 == 0 else S.COMPLETED,
+                 created_at=now - dt.timedelta(days=30) * (1 - i / 20_000),
+                 completed_at=now - dt.timedelta(days=30) * (1 - i / 20_000))
+        for i in range(20_000)
+    ]
+    Workflow.objects.bulk_create(runs, batch_size=2_000)
+    Step.objects.bulk_create(
+        (Step(workflow=run, step_id=str(s), name=MARK, status="done") for run in runs for s in (1, 2)),
+        batch_size=5_000,
+    )
+    with conn.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE everystep_workflow")
+        cursor.execute("VACUUM ANALYZE everystep_step")
+    with CaptureQueriesContext(conn) as pruned:
+        assert operations.prune(older_than=dt.timedelta(days=29), batch=200) == 667
+    writes_and_reads = ("SELECT", "DELETE", "UPDATE")
+    statements = [q["sql"] for q in pruned.captured_queries if q["sql"].startswith(writes_and_reads)]
+    assert any(sql.startswith("DELETE FROM \"everystep_step\"") for sql in statements), statements
+    with conn.cursor() as cursor:
+        for sql in statements:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Seq Scan on everystep_workflow" not in plan, f"{sql}\n{plan}"
+            assert "Seq Scan on everystep_step" not in plan, f"{sql}\n{plan}"
+
+
 def test_prune_refuses_bad_arguments():
     with pytest.raises(EverystepError, match="batch size"):
         operations.prune(older_than=dt.timedelta(days=1), batch=0)

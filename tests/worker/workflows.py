@@ -133,6 +133,23 @@ def charge(amount):
     return amount
 
 
+@step(unsafe_to_repeat=True)
+def pay(log: str, amount: int):
+    """An unsafe-to-repeat step whose effect is a log line (index ``pay``)."""
+    run_id, claimer = _where()
+    log_line(log, "start", run_id, "pay", claimer, os.getpid())
+    return amount
+
+
+@workflow
+def settle(log: str, gate: str, amount: int):
+    """``pay`` (unsafe to repeat), then code between steps that waits for the gate, then step 2."""
+    paid = pay(log, amount)
+    _wait_for_file(gate)
+    mark(log, 2)
+    return paid
+
+
 @step
 def fail(message):
     raise ValueError(message)

@@ -1,0 +1,263 @@
+"""everystep next to its ceiling: pgbench inserting step-shaped rows.
+
+The ceiling is what the PostgreSQL server under the benchmark commits when
+nothing but a step's write goes to it: a ``pgbench`` script of one
+transaction per row, each the statement a worker sends to record a step
+(``INSERT INTO everystep_step ... SELECT ... FROM everystep_workflow WHERE
+id = ... AND status = 'running' AND claimed_by = ...``, prepared), into the
+migrated ``everystep_step`` of this run's own scratch database, so with the
+same indexes (the unique ``(workflow_id, step_id)``) and the same foreign key.
+
+In each round, alternating in the same sitting: pgbench at 1 client, everystep
+at 1 process x pool 1, pgbench at the fleet's connection count, then every
+``--curve`` configuration (processes x pool) of everystep. Each everystep
+configuration drains ``--runs`` runs of 10 trivial steps
+(``bench.workflows.ten_steps``), timed from the first claim to the last
+``completed_at``. The workers are started and idle before the runs are
+scheduled, so their CPU time (user + system, from /proc) over the drain is
+the cost of the runs alone: it is reported per recorded step.
+
+Figures are medians over ``--rounds`` rounds. Usage:
+    python bench/ceiling.py [--runs 1000] [--rounds 3] [--seconds 5]
+        [--curve 1x1,1x8,2x8,4x4] [--fleet 2x8] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    from bench.common import LOGDIR, median, setup, start_worker, stop_workers, table
+except ImportError:  # run as a script
+    from common import LOGDIR, median, setup, start_worker, stop_workers, table
+
+STEPS_PER_RUN = 10
+PGBENCH_CLAIMER = "pgbench"
+# One running run per pgbench client (pgbench numbers them from 0), its id
+# worked out from the client's number so that the script needs no lookup.
+PGBENCH_SCRIPT = """\
+INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error)
+SELECT id, nextval('ceiling_step_seq')::text, 'bench.workflows.noop', '[1]', '{}', 'done', '1', NULL
+FROM everystep_workflow
+WHERE id = ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid
+AND status = 'running' AND claimed_by = 'pgbench';
+"""
+# Targets (bench/run.py prints them with PASS/MISS).
+SOLO_SHARE = 0.75  # 1 x 1, 10-step runs, of pgbench at 1 client
+FLEET_SHARE = 0.60  # the fleet, of pgbench at the fleet's connection count
+CPU_PER_STEP_US = 100
+
+
+def parse_config(text: str) -> tuple[int, int]:
+    try:
+        processes, pool = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PROCESSESxPOOL, e.g. 2x8") from None
+    if processes < 1 or pool < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: processes and pool must be at least 1")
+    return processes, pool
+
+
+def label(config: tuple[int, int]) -> str:
+    return f"{config[0]}x{config[1]}"
+
+
+def reset() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE everystep_run_fork, everystep_step, everystep_workflow, everystep_heartbeat")
+    connection.close()
+
+
+# ---------------------------------------------------------------- pgbench
+
+
+def pgbench_round(clients: int, seconds: float, script: Path) -> float:
+    """Transactions per second of the step-shaped insert at ``clients`` clients."""
+    from django.conf import settings
+    from django.db import connection
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE IF NOT EXISTS ceiling_step_seq")
+        cursor.execute(
+            "INSERT INTO everystep_workflow (id, name, args, status, claimed_by, created_at) "
+            "SELECT ('00000000-0000-0000-0000-' || lpad(n::text, 12, '0'))::uuid, 'bench.pgbench', "
+            "'[]', 'running', %s, now() FROM generate_series(0, %s) AS n",
+            [PGBENCH_CLAIMER, clients - 1],
+        )
+    connection.close()
+    db = settings.DATABASES["default"]
+    done = subprocess.run(
+        [_pgbench(), "-n", "-M", "prepared", "-c", str(clients),
+         "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))), "-f", str(script),
+         "-h", db["HOST"], "-p", str(db["PORT"] or 5432), "-U", db["USER"], db["NAME"]],
+        capture_output=True, text=True,
+    )
+    found = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", done.stdout)
+    if done.returncode or not found:
+        raise RuntimeError(f"pgbench failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return float(found.group(1))
+
+
+def _pgbench() -> str:
+    found = shutil.which("pgbench")
+    if found is None:
+        raise SystemExit("pgbench is not installed: apt-get install postgresql-client "
+                         "(or postgresql-contrib)")
+    return found
+
+
+# ---------------------------------------------------------------- everystep
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def everystep_round(runs: int, config: tuple[int, int], poll: float) -> dict:
+    """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads."""
+    from django.db import transaction
+
+    from bench.throughput import Watch
+    from bench.workflows import ten_steps
+    from everystep import schedule
+    from everystep.models import Heartbeat, Step, Workflow
+
+    processes, pool = config
+    reset()
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    watch = Watch(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    names = [f"bench-ceiling-{label(config)}-{i}" for i in range(processes)]
+    procs = [
+        start_worker(name, pool=pool, poll=poll, log=open(LOGDIR / f"{name}.log", "w"))  # noqa: SIM115
+        for name in names
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while Heartbeat.objects.filter(name__in=names).count() < processes:  # all started, idle
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the workers did not start; see the logs in {LOGDIR}")
+            time.sleep(0.05)
+        time.sleep(0.3)  # past the start-up claim and the LISTEN
+        cpu_before = [cpu_seconds(p.pid) for p in procs]
+        with transaction.atomic():
+            for _ in range(runs):
+                schedule(ten_steps)
+        deadline = time.monotonic() + 600
+        first_claim = None
+        while first_claim is None:
+            now, claimed = watch.fetchone(
+                "SELECT extract(epoch FROM clock_timestamp())::float8, "
+                "EXISTS (SELECT 1 FROM everystep_workflow WHERE status <> 'scheduled')"
+            )
+            if claimed:
+                first_claim = now
+            elif time.monotonic() > deadline:
+                raise RuntimeError(f"no run was claimed; see the logs in {LOGDIR}")
+            else:
+                time.sleep(0.002)
+        while time.monotonic() < deadline:
+            (left,) = watch.fetchone(
+                "SELECT count(*) FROM everystep_workflow WHERE status IN ('scheduled', 'running')"
+            )
+            if not left:
+                break
+            time.sleep(0.05)
+        cpu_after = [cpu_seconds(p.pid) for p in procs]
+        (last_end,) = watch.fetchone(
+            "SELECT extract(epoch FROM max(completed_at))::float8 FROM everystep_workflow"
+        )
+    finally:
+        stop_workers(procs)
+        watch.close()
+    completed = Workflow.objects.filter(status="completed").count()
+    steps = Step.objects.count()
+    if completed != runs or steps != runs * STEPS_PER_RUN:
+        raise RuntimeError(f"{completed} of {runs} runs completed, {steps} steps recorded")
+    seconds = last_end - first_claim
+    cpu = sum(after - before for before, after in zip(cpu_before, cpu_after, strict=True))
+    return {"steps_per_s": steps / seconds, "cpu_us_per_step": cpu / steps * 1e6}
+
+
+# ---------------------------------------------------------------- the sitting
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=1000, help="runs of 10 steps per everystep configuration")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5, help="length of each pgbench run")
+    parser.add_argument("--curve", type=lambda s: [parse_config(c) for c in s.split(",")],
+                        default=[(1, 1), (1, 8), (2, 8), (4, 4)], help="processes x pool, comma-separated")
+    parser.add_argument("--fleet", type=parse_config, default=(2, 8),
+                        help="the configuration compared with pgbench at its connection count")
+    parser.add_argument("--poll", type=float, default=0.2, help="everystep worker --poll")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.runs < 1:
+        parser.error("--rounds and --runs must be at least 1")
+    _pgbench()
+    setup("ceiling")
+    configs = [(1, 1), args.fleet] + [c for c in args.curve if c not in ((1, 1), args.fleet)]
+    fleet_clients = args.fleet[0] * args.fleet[1]
+    pg = {"1": [], str(fleet_clients): []}
+    ours = {label(c): [] for c in configs}
+    with tempfile.TemporaryDirectory(prefix="everystep-ceiling-") as tmp:
+        script = Path(tmp) / "step.sql"
+        script.write_text(PGBENCH_SCRIPT)
+        for i in range(args.rounds):
+            pg["1"].append(pgbench_round(1, args.seconds, script))
+            ours["1x1"].append(everystep_round(args.runs, (1, 1), args.poll))
+            pg[str(fleet_clients)].append(pgbench_round(fleet_clients, args.seconds, script))
+            for config in configs[1:]:
+                ours[label(config)].append(everystep_round(args.runs, config, args.poll))
+            print(f"round {i + 1}: pgbench "
+                  + ", ".join(f"{k} client(s) {v[-1]:.0f} tx/s" for k, v in pg.items())
+                  + "; everystep " + ", ".join(f"{k} {v[-1]['steps_per_s']:.0f} steps/s "
+                                             f"({v[-1]['cpu_us_per_step']:.0f} us CPU/step)"
+                                             for k, v in ours.items()), flush=True)
+    pg_med = {k: median(v) for k, v in pg.items()}
+    curve = {k: {"steps_per_s": median(r["steps_per_s"] for r in v),
+                 "cpu_us_per_step": median(r["cpu_us_per_step"] for r in v)} for k, v in ours.items()}
+    solo, fleet = curve["1x1"], curve[label(args.fleet)]
+    figures = {
+        "pgbench_tps": pg_med,
+        "curve": curve,
+        "solo_share": solo["steps_per_s"] / pg_med["1"],
+        "fleet_share": fleet["steps_per_s"] / pg_med[str(fleet_clients)],
+        "fleet": label(args.fleet),
+        "fleet_clients": fleet_clients,
+        "cpu_us_per_step": solo["cpu_us_per_step"],
+    }
+    print(f"\nCeiling: pgbench step-shaped inserts vs everystep, {args.runs} runs x {STEPS_PER_RUN} steps, "
+          f"median of {args.rounds} alternating rounds")
+    print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", "", ""] for k, v in pg_med.items()]
+                + [[f"everystep {k}", f"{v['steps_per_s']:.0f} steps/s", f"{v['cpu_us_per_step']:.0f} us", ""]
+                   for k, v in curve.items()]
+                + [["1x1 / pgbench 1 client", f"{figures['solo_share']:.0%}", "", f">= {SOLO_SHARE:.0%}"],
+                   [f"{label(args.fleet)} / pgbench {fleet_clients} clients",
+                    f"{figures['fleet_share']:.0%}", "", f">= {FLEET_SHARE:.0%}"],
+                   ["worker CPU per step (1x1)", f"{figures['cpu_us_per_step']:.0f} us", "",
+                    f"<= {CPU_PER_STEP_US} us"]],
+                ["figure", "value", "worker CPU / step", "target"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main()

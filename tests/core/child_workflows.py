@@ -1,0 +1,91 @@
+"""Workflows that start child runs, for the child-run tests."""
+
+from everystep import start_child, step, workflow
+from tests.core.workflows import effect, record
+
+
+@workflow
+def child_of(n):
+    return record(f"child:{n}")
+
+
+@workflow
+def starts_one_child(n):
+    handle = start_child(child_of, n)
+    record(f"after-start:{n}")
+    return str(handle.id)
+
+
+@workflow
+def starts_two_children():
+    first = start_child(child_of, 1)
+    second = start_child(child_of, 2, everystep_id="second")
+    return [str(first.id), str(second.id)]
+
+
+@workflow
+def starts_a_grandparent_chain():
+    return str(start_child(starts_one_child, 7).id)
+
+
+@step
+def starts_inside_a_step():
+    effect("inside-step")
+    return start_child(child_of, 1)
+
+
+@workflow
+def calls_start_child_in_a_step():
+    return starts_inside_a_step()
+
+
+@workflow
+def starts_a_plain_step_as_child():
+    return start_child(record, "x")
+
+
+@workflow
+def fails(message):
+    return w_boom(message)
+
+
+@step
+def w_boom(message):
+    raise ValueError(message)
+
+
+@workflow
+def stops_itself(reason):
+    return halts(reason)
+
+
+@step
+def halts(reason):
+    from everystep import Terminal
+
+    raise Terminal(reason)
+
+
+@workflow
+def parent_of(kind, arg):
+    """Starts a child of ``kind`` and returns what its result() gave, or the
+    named exception it raised (as data: the test reads the parent's result)."""
+    from everystep import ChildFailed, ChildStopped
+
+    child = {"ok": child_of, "fails": fails, "stops": stops_itself}[kind]
+    handle = start_child(child, arg)
+    record(f"started:{arg}")
+    try:
+        value = handle.result()
+    except ChildFailed as exc:
+        return {"raised": "ChildFailed", "child": str(exc.child_id), "error": exc.error,
+                "original": type(exc.exception()).__name__}
+    except ChildStopped as exc:
+        return {"raised": "ChildStopped", "child": str(exc.child_id), "message": exc.error["message"]}
+    record(f"got:{value}")
+    return {"value": value, "child": str(handle.id)}
+
+
+@workflow
+def lets_the_failure_fail_it():
+    return start_child(fails, "deep").result()

@@ -1,0 +1,199 @@
+"""A PgBouncer of our own, in transaction pooling, for the tests and the soak
+that run the engine behind one.
+
+``ThrowawayPgBouncer(host, port)`` writes an ini file and a user list to a
+temporary directory and runs the installed ``pgbouncer`` on a free port of
+127.0.0.1 (no Unix socket), forwarding every database name to the PostgreSQL
+server at ``host:port`` (authentication: trust, user ``postgres``). At most
+``pool_size`` server connections per database and user: clients beyond that
+wait for one, which is what the fleet test wants to see. ``restart()`` kills
+the process (SIGKILL: every client connection is cut off) and starts it again
+on the same port. Stopping it (also when the code using it fails: use it as a
+context manager) kills it and removes the directory. Nothing else on the
+machine is touched.
+
+PgBouncer refuses to run as root: as root, it drops to the ``postgres``
+account (``pgbouncer -u``), which then owns the directory.
+"""
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+USER = "postgres"
+_PORT_ATTEMPTS = 3  # another process may take the free port before PgBouncer binds it
+
+
+class PgBouncerUnavailable(RuntimeError):
+    """No ``pgbouncer`` program, or no account to run it as."""
+
+
+class PgBouncerFailed(RuntimeError):
+    """PgBouncer exited or never listened; the message holds its log."""
+
+
+def pgbouncer_program() -> str:
+    found = shutil.which("pgbouncer") or next(
+        (path for path in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(path, os.X_OK)), None
+    )
+    if found is None:
+        raise PgBouncerUnavailable(
+            "the PgBouncer tests start a PgBouncer of their own, but no `pgbouncer` program was "
+            "found (PATH, /usr/sbin). Install it (Debian: apt-get install pgbouncer)."
+        )
+    return found
+
+
+def version() -> str:
+    """``PgBouncer 1.18.0``: the first line of ``pgbouncer --version``."""
+    done = subprocess.run([pgbouncer_program(), "--version"], capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()[0].strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThrowawayPgBouncer:
+    """``with ThrowawayPgBouncer("127.0.0.1", 5432) as bouncer:`` a running PgBouncer, gone afterwards."""
+
+    def __init__(self, host: str, port: int | str, *, pool_size: int = 2):
+        self.program = pgbouncer_program()
+        self.target = (host or "127.0.0.1", int(port or 5432))
+        self.pool_size = pool_size
+        self._account = None
+        if os.geteuid() == 0:
+            try:
+                self._account = pwd.getpwnam(USER)
+            except KeyError:
+                raise PgBouncerUnavailable(
+                    "PgBouncer does not run as root, and there is no 'postgres' account to run it as"
+                ) from None
+        self.directory: Path | None = None
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def logfile(self) -> Path:
+        return self.directory / "pgbouncer.log"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> "ThrowawayPgBouncer":
+        self.directory = Path(tempfile.mkdtemp(prefix="everystep-pgbouncer-"))
+        try:
+            (self.directory / "users.txt").write_text(f'"{USER}" ""\n')
+            for attempt in range(_PORT_ATTEMPTS):
+                self.port = _free_port()
+                self._write_ini()
+                try:
+                    self._launch()
+                    break
+                except PgBouncerFailed:
+                    if attempt == _PORT_ATTEMPTS - 1 or "Address already in use" not in self.log():
+                        raise
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def restart(self) -> None:
+        """Kill it (SIGKILL: no goodbye to any client or server) and start it again on the same port."""
+        self._kill()
+        self._launch()
+
+    def stop(self) -> None:
+        if self.directory is None:
+            return
+        self._kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory = None
+
+    def __enter__(self) -> "ThrowawayPgBouncer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ using it
+
+    def url(self, database: str) -> str:
+        return f"postgres://{USER}@127.0.0.1:{self.port}/{database}"
+
+    def show(self, what: str) -> list[dict]:
+        """``SHOW <what>`` on PgBouncer's admin console (``STATS``, ``POOLS``, ``SERVERS``...)."""
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(self.url("pgbouncer"), autocommit=True, connect_timeout=10) as conn:
+            # The admin console speaks the simple query protocol only.
+            return conn.cursor(row_factory=dict_row).execute(f"SHOW {what}", prepare=False).fetchall()
+
+    def log(self) -> str:
+        try:
+            return self.logfile.read_text(errors="replace")
+        except (OSError, TypeError):
+            return "(no log)"
+
+    # ------------------------------------------------------------ internals
+
+    def _write_ini(self) -> None:
+        host, port = self.target
+        ini = f"""\
+[databases]
+* = host={host} port={port}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.directory / "users.txt"}
+admin_users = {USER}
+pool_mode = transaction
+default_pool_size = {self.pool_size}
+max_client_conn = 500
+logfile = {self.logfile}
+; the short test runs make and break many connections
+server_login_retry = 1
+"""
+        (self.directory / "pgbouncer.ini").write_text(ini)
+        if self._account is not None:
+            for path in (self.directory, *self.directory.iterdir()):
+                os.chown(path, self._account.pw_uid, self._account.pw_gid)
+
+    def _launch(self) -> None:
+        command = [self.program, str(self.directory / "pgbouncer.ini")]
+        if self._account is not None:
+            command[1:1] = ["-u", self._account.pw_name]
+        self.process = subprocess.Popen(
+            command, cwd=self.directory, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise PgBouncerFailed(f"pgbouncer exited ({self.process.returncode}):\n{self.log()[-1500:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self._kill()
+        raise PgBouncerFailed(
+            f"pgbouncer did not listen on port {self.port} within 30 s:\n{self.log()[-1500:]}"
+        )
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self.process = None

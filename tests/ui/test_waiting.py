@@ -1,0 +1,247 @@
+"""Waiting runs in the UI: what they wait for (a time, an event, a child run),
+Wake now and Send event (permission-gated, audited, guarded against a run
+that moved on), and their count on the overview."""
+
+import datetime as dt
+import re
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.utils import timezone
+
+from everystep import waits
+from everystep.models import ChildRun, Event, Step, Wait, Workflow
+
+from .test_actions import history, messages_of, run_page, url
+
+pytestmark = pytest.mark.django_db
+
+LATER = timezone.now().replace(microsecond=0) + dt.timedelta(hours=2)
+
+
+@pytest.fixture
+def waiting_run(make_run):
+    """``waiting_run(kind)``: a run the engine left waiting at step 2 for a
+    time, an event (``orders.approved``, with or without a timeout) or a child."""
+
+    def make(kind, *, timeout=True):
+        run = make_run(status="waiting", steps=[{"step_id": "1", "status": "done"}])
+        name = {"time": waits.SLEEP, "event": waits.WAIT_FOR_EVENT, "child": "everystep.child_result"}[kind]
+        key, wake_at = None, LATER
+        if kind == "event":
+            key, wake_at = "orders.approved", LATER if timeout else None
+        if kind == "child":
+            child = make_run(name="shop.workflows.ship", status="running", claimed_by="worker-9")
+            ChildRun.objects.create(parent_id=run.pk, child_id=child.pk, step_id="2")
+            key, wake_at = str(child.pk), None
+        params = {"kind": kind, "key": key, "wake_at": wake_at}
+        Step.objects.create(workflow=run, step_id="2", name=name, status="started", kwargs=params)
+        Wait.objects.create(run=run, step_id="2", kind=kind, key=key, wake_at=wake_at)
+        return run
+
+    return make
+
+
+def status_of(run) -> str:
+    return Workflow.objects.values_list("status", flat=True).get(pk=run.pk)
+
+
+def waiting_for(html: str) -> str:
+    return " ".join(html.split('class="es-waiting-for"')[1].split("</tr>")[0].split())
+
+
+# What a waiting run waits for
+
+
+def test_a_sleeping_run_shows_its_wake_time(admin_client, waiting_run):
+    shown = waiting_for(admin_client.get(run_page(waiting_run("time"))).text)
+    assert f"the time {LATER:%Y-%m-%d %H:%M:%S} UTC" in shown
+    assert "at step <code>2</code>" in shown
+
+
+def test_an_event_wait_shows_its_key_and_timeout(admin_client, waiting_run):
+    shown = waiting_for(admin_client.get(run_page(waiting_run("event"))).text)
+    assert "event <code>orders.approved</code>" in shown
+    assert f"until {LATER:%Y-%m-%d %H:%M:%S} UTC (then it times out)" in shown
+    shown = waiting_for(admin_client.get(run_page(waiting_run("event", timeout=False))).text)
+    assert "event <code>orders.approved</code>" in shown and "times out" not in shown
+
+
+def test_a_child_wait_links_the_child_with_its_status(admin_client, waiting_run):
+    run = waiting_run("child")
+    child = Workflow.objects.get(parent_link__parent_id=run.pk)
+    shown = waiting_for(admin_client.get(run_page(run)).text)
+    assert f'the end of child run <a href="{run_page(child)}">' in shown
+    assert '<span class="es-badge es-status-running">running</span>' in shown
+
+
+def test_only_a_waiting_run_shows_what_it_waits_for(admin_client, run_in):
+    for status in ("scheduled", "running", "completed", "failed", "blocked"):
+        assert 'class="es-waiting-for"' not in admin_client.get(run_page(run_in(status))).text
+
+
+# Send event
+
+
+def send(client, run, key="orders.approved", value='{"by": "ann"}', seen="waiting"):
+    return client.post(url(run, "send_event"), {"seen_status": seen, "key": key, "value": value})
+
+
+def test_send_event_wakes_a_run_waiting_for_it_and_logs_it(admin_client, waiting_run):
+    run = waiting_run("event")
+    page = " ".join(admin_client.get(url(run, "send_event")).text.split())
+    assert 'name="key" value="orders.approved"' in page  # the awaited key, filled in
+    assert "Waits for event <code>orders.approved</code>" in page
+    response = send(admin_client, run)
+    assert response.status_code == 302 and response["Location"] == run_page(run)
+    assert status_of(run) == "scheduled"
+    assert Event.objects.get(run_id=run.pk, key="orders.approved").value == {"by": "ann"}
+    change = """Sent event 'orders.approved' with the value {"by": "ann"}: waiting -> scheduled."""
+    [entry] = history(run)
+    assert (entry.action_flag, entry.change_message, entry.user.username) == (CHANGE, change, "admin")
+    assert messages_of(response) == [f"Run {run.pk}: {change}"]
+
+
+def test_an_event_the_run_does_not_wait_for_is_kept(admin_client, waiting_run):
+    run = waiting_run("time")
+    response = send(admin_client, run, key="later", value="42")
+    assert status_of(run) == "waiting"
+    assert Event.objects.get(run_id=run.pk, key="later").value == 42
+    [message] = messages_of(response)
+    assert message.endswith("Sent event 'later' with the value 42; the run does not wait for it yet, "
+                            "it is kept until it does.")
+
+
+def test_a_second_value_for_a_key_is_not_stored_and_says_so(admin_client, waiting_run):
+    run = waiting_run("time")
+    send(admin_client, run, key="k", value='"first"')
+    response = send(admin_client, run, key="k", value='"second"')
+    assert Event.objects.get(run_id=run.pk, key="k").value == "first"
+    message = messages_of(response)[-1]
+    assert "Event 'k' was sent before: the first value is kept, this one was not stored." in message
+
+
+@pytest.mark.parametrize(
+    "key, value, field, problem",
+    [
+        ("k", "{not json", "value", "Not valid JSON"),
+        ("k", "", "value", "This field is required."),
+        ("", "1", "key", "This field is required."),
+        ("k" * 256, "1", "key", "Ensure this value has at most 255 characters"),
+    ],
+)
+def test_bad_input_is_a_form_error_and_changes_nothing(admin_client, waiting_run, key, value, field, problem):
+    run = waiting_run("event")
+    response = send(admin_client, run, key=key, value=value)
+    assert response.status_code == 200
+    errors = re.search(rf'es-field-{field}">.*?</div>\s*(<ul class="errorlist".*?</ul>)', response.text, re.S)
+    assert errors and problem in errors.group(1)
+    assert status_of(run) == "waiting"
+    assert not Event.objects.exists()
+    assert history(run) == []
+
+
+def test_send_event_to_a_run_that_moved_on_changes_nothing(admin_client, waiting_run):
+    run = waiting_run("event")
+    Workflow.objects.filter(pk=run.pk).update(status="scheduled")  # a worker's wake_due, meanwhile
+    response = send(admin_client, run)
+    assert not Event.objects.exists()
+    assert history(run) == []
+    [message] = messages_of(response)
+    assert "moved on: it is scheduled now, not waiting; nothing was changed" in message
+
+
+def test_send_event_is_offered_only_to_waiting_runs(admin_client, run_in):
+    run = run_in("running")
+    assert "es-action-send_event" not in admin_client.get(run_page(run)).text
+    response = send(admin_client, run, seen="running")
+    assert "only a waiting run can be sent an event" in messages_of(response)[0]
+    assert not Event.objects.exists()
+
+
+def test_send_event_needs_its_permission(operator_client, waiting_run):
+    run = waiting_run("event")
+    for client in (operator_client(), operator_client("wake_workflow", "stop_workflow", "retry_workflow")):
+        assert "es-action-send_event" not in client.get(run_page(run)).text
+        assert client.get(url(run, "send_event")).status_code == 403
+        assert send(client, run).status_code == 403
+    assert not Event.objects.exists() and status_of(run) == "waiting"
+    allowed = operator_client("send_event_workflow")
+    assert "es-action-send_event" in allowed.get(run_page(run)).text
+    assert send(allowed, run).status_code == 302
+    assert status_of(run) == "scheduled"
+    [entry] = LogEntry.objects.filter(object_id=str(run.pk))
+    assert entry.user.username == "operator-send_event_workflow"
+
+
+# Wake now
+
+
+def wake(client, run, seen="waiting"):
+    return client.post(url(run, "wake"), {"seen_status": seen})
+
+
+def test_wake_now_ends_a_sleep_and_logs_it(admin_client, waiting_run):
+    run = waiting_run("time")
+    page = " ".join(admin_client.get(url(run, "wake")).text.split())
+    assert f"Waits for the time {LATER:%Y-%m-%d %H:%M:%S} UTC" in page
+    response = wake(admin_client, run)
+    assert response.status_code == 302
+    assert status_of(run) == "scheduled"
+    assert Step.objects.get(workflow=run, step_id="2").status == "done"  # the sleep returns at once
+    assert not Wait.objects.filter(run=run).exists()
+    [entry] = history(run)
+    assert entry.change_message == "Woken now: waiting -> scheduled."
+    assert messages_of(response) == [f"Run {run.pk}: Woken now: waiting -> scheduled."]
+
+
+@pytest.mark.parametrize(
+    "kind, timeout, refusal",
+    [
+        ("child", True, "waits for a child, which only its end wakes; nothing was changed"),
+        ("event", False, "without a timeout: send it the event (send_event) instead; nothing was changed"),
+    ],
+)
+def test_wake_now_refuses_a_wait_only_its_event_or_child_ends(
+    admin_client, waiting_run, kind, timeout, refusal
+):
+    run = waiting_run(kind, timeout=timeout)
+    response = wake(admin_client, run)
+    assert status_of(run) == "waiting"
+    assert Step.objects.get(workflow=run, step_id="2").status == "started"
+    assert history(run) == []
+    [message] = messages_of(response)
+    assert refusal in message
+
+
+def test_wake_now_of_a_run_that_moved_on_changes_nothing(admin_client, waiting_run):
+    run = waiting_run("time")
+    Workflow.objects.filter(pk=run.pk).update(status="stopped")
+    response = wake(admin_client, run)
+    assert status_of(run) == "stopped"
+    assert history(run) == []
+    assert "moved on: it is stopped now, not waiting; nothing was changed" in messages_of(response)[0]
+
+
+def test_wake_now_needs_its_permission(operator_client, waiting_run):
+    run = waiting_run("time")
+    for client in (operator_client(), operator_client("send_event_workflow", "stop_workflow")):
+        assert "es-action-wake" not in client.get(run_page(run)).text
+        assert wake(client, run).status_code == 403
+    assert status_of(run) == "waiting"
+    allowed = operator_client("wake_workflow")
+    assert "es-action-wake" in allowed.get(run_page(run)).text
+    assert wake(allowed, run).status_code == 302
+    assert status_of(run) == "scheduled"
+
+
+# The overview
+
+
+def test_the_overview_counts_waiting_runs(admin_client, waiting_run):
+    waiting_run("time")
+    waiting_run("event")
+    html = admin_client.get("/admin/everystep/workflow/overview/").text
+    counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', html))
+    assert counts["waiting"] == "2"
+    assert '<a href="/admin/everystep/workflow/?status=waiting">' in html

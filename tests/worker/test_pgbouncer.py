@@ -1,0 +1,214 @@
+"""The engine behind a real PgBouncer in transaction pooling (Debian's, 1.18 here:
+no prepared statements in transaction mode, so EVERYSTEP_PREPARED_STATEMENTS =
+False). Each test starts its own PgBouncer (tests/throwaway_pgbouncer.py) in
+front of the suite's PostgreSQL server; runs the PostgreSQL pass only.
+
+The test process reaches everystep's test database through PgBouncer too (the
+alias ``bounced``: ``schedule()``, the operations and the checks below), and so
+do the worker subprocesses; their LISTEN connection goes straight to PostgreSQL
+(EVERYSTEP_LISTEN_DATABASE), unless a test says otherwise."""
+
+from collections import Counter, defaultdict
+from types import SimpleNamespace
+
+import pytest
+from django.db import DatabaseError, connections
+from django.db.utils import load_backend
+from django.test import override_settings
+
+from everystep import database, operations, statements
+from everystep.api import schedule
+from everystep.models import Step, Workflow
+from tests.settings import database_from_url
+from tests.worker import workflows as w
+from tests.worker.support import database_url, wait_for
+
+S = Workflow.Status
+BOUNCED = "bounced"  # the test process's alias for everystep's database, through PgBouncer
+
+
+class ToBounced:
+    """A database router: every query of the test process goes through PgBouncer."""
+
+    def db_for_read(self, model, **hints):
+        return BOUNCED
+
+    def db_for_write(self, model, **hints):
+        return BOUNCED
+
+
+def _wrapper(url: str, alias: str):
+    both = {"default": connections.settings["default"], alias: database_from_url(url)}
+    config = connections.configure_settings(both)[alias]  # Django's defaults filled in
+    return load_backend(config["ENGINE"]).DatabaseWrapper(config, alias)
+
+
+@pytest.fixture
+def bounced(start_pgbouncer, transactional_db):
+    """A PgBouncer (2 server connections) in front of everystep's test database;
+    the test process's queries go through it while the test runs. Yields the
+    PgBouncer and the URLs: ``data`` (through it), ``direct`` (not)."""
+    bouncer = start_pgbouncer(pool_size=2)
+    direct = connections[database.alias()]
+    urls = SimpleNamespace(
+        bouncer=bouncer, data=bouncer.url(direct.settings_dict["NAME"]), direct=database_url(direct)
+    )
+    # A connection made here, not declared in DATABASES (see throwaway_database).
+    connections[BOUNCED] = _wrapper(urls.data, BOUNCED)
+    try:
+        with override_settings(
+            DATABASE_ROUTERS=[ToBounced()], EVERYSTEP_DATABASE=BOUNCED, EVERYSTEP_PREPARED_STATEMENTS=False
+        ):
+            yield urls
+    finally:
+        connections[BOUNCED].close()
+        del connections[BOUNCED]
+
+
+def worker_env(urls, *, listen_direct: bool = True, **extra) -> dict:
+    env = {"EVERYSTEP_TEST_PREPARED_STATEMENTS": "0", **extra}
+    if listen_direct:
+        env["EVERYSTEP_TEST_LISTEN_DATABASE_URL"] = urls.direct
+    return env
+
+
+def status_of(run) -> str:
+    return Workflow.objects.filter(id=run.id).values_list("status", flat=True).get()
+
+
+def all_ended(runs) -> bool:
+    unended = Workflow.objects.filter(id__in=[run.id for run in runs], status__in=[S.SCHEDULED, S.RUNNING])
+    return not unended.exists()
+
+
+def test_the_engine_runs_through_pgbouncer(bounced, spawn_worker, tmp_path):
+    """Schedule, run, stop, retry (a replay: the unsafe-to-repeat step is not run
+    again), all through PgBouncer, by a worker whose data also goes through it."""
+    log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
+    worker = spawn_worker("bounced-1", "--pool", "4", "--poll", "0.1",
+                          database_url=bounced.data, extra_env=worker_env(bounced))
+    chains = [schedule(w.chain, log, 3) for _ in range(6)]
+    settle = schedule(w.settle, log, gate, 25)
+    wait_for(lambda: all_ended(chains), timeout=60, what="the chains to end")
+    assert [status_of(run) for run in chains] == [S.COMPLETED] * 6
+    for run in Workflow.objects.filter(id__in=[r.id for r in chains]):
+        assert run.result == [1, 2, 3]
+
+    # The unsafe step is recorded; the body then waits between steps: stop it there.
+    wait_for(lambda: Step.objects.filter(workflow_id=settle.id, step_id="1", status="done").exists(),
+             what="the unsafe step to be recorded")
+    operations.stop_run(settle.id, actor="test")
+    assert status_of(settle) == S.STOPPED
+    operations.retry_run(settle.id)
+    open(gate, "w").close()
+    wait_for(lambda: status_of(settle) == S.COMPLETED, timeout=60, what="the retried run to complete")
+    assert Workflow.objects.get(id=settle.id).result == 25
+    paid = [line for line in w.read_log(log) if line[1] == str(settle.id) and line[2] == "pay"]
+    assert len(paid) == 1  # recorded before the stop: replayed, not run again
+    steps = Counter(Step.objects.filter(workflow_id=settle.id).values_list("step_id", "status"))
+    assert steps == {("1", "done"): 1, ("2", "done"): 1}
+    assert worker.alive(), worker.log()
+    assert "Traceback" not in worker.log(), worker.log()
+
+
+def _listener_ready(urls) -> bool:
+    """The worker's LISTEN connection has heard its own probe: its last statement
+    (pg_stat_activity, seen straight on PostgreSQL) is the UNLISTEN that follows it."""
+    import psycopg
+
+    with psycopg.connect(urls.direct, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+            ["UNLISTEN everystep_probe"],
+        ).fetchone()[0]
+    return found > 0
+
+
+def test_a_notify_through_pgbouncer_wakes_the_worker_on_its_direct_listen_connection(
+    bounced, spawn_worker, tmp_path
+):
+    """The worker polls, beats and looks for stale workers every 10 minutes: it
+    runs the new run because schedule()'s NOTIFY, sent through PgBouncer, reached
+    its LISTEN connection, which goes straight to PostgreSQL."""
+    log = str(tmp_path / "log")
+    env = worker_env(
+        bounced, EVERYSTEP_TEST_HEARTBEAT_INTERVAL="600", EVERYSTEP_TEST_RECOVER_STALE_AFTER="1800"
+    )
+    worker = spawn_worker("bounced-listen", "--poll", "600", database_url=bounced.data, extra_env=env)
+    wait_for(lambda: _listener_ready(bounced), timeout=30, what="the worker's LISTEN connection")
+    run = schedule(w.chain, log, 2)
+    wait_for(lambda: status_of(run) == S.COMPLETED, timeout=10, what="the NOTIFY to wake the worker")
+    assert "did not hear a NOTIFY" not in worker.log()
+
+
+def test_listen_through_pgbouncer_is_detected_and_the_worker_polls(bounced, spawn_worker, tmp_path):
+    """Without EVERYSTEP_LISTEN_DATABASE the LISTEN goes through PgBouncer, where it
+    hears nothing: the worker says so, names the setting, and polls."""
+    log = str(tmp_path / "log")
+    worker = spawn_worker("bounced-deaf", "--poll", "0.2", database_url=bounced.data,
+                          extra_env=worker_env(bounced, listen_direct=False))
+    wait_for(lambda: "did not hear a NOTIFY" in worker.log(), timeout=30, what="the worker's warning")
+    assert "EVERYSTEP_LISTEN_DATABASE" in worker.log()
+    run = schedule(w.chain, log, 2)
+    wait_for(lambda: status_of(run) == S.COMPLETED, timeout=30, what="polling to pick the run up")
+
+
+def test_a_fleet_with_more_threads_than_server_connections_keeps_every_guarantee(
+    bounced, spawn_worker, tmp_path
+):
+    """3 workers x pool 4 (12 run threads, 3 claim loops) share PgBouncer's 2
+    server connections: clients wait for one, and still every run completes, each
+    step is recorded and executed once, and no run is executed by two workers.
+    PgBouncer's own figures show clients queueing for a server connection."""
+    log = str(tmp_path / "log")
+    workers = [
+        spawn_worker(f"fleet-{i}", "--pool", "4", "--poll", "0.1",
+                     database_url=bounced.data, extra_env=worker_env(bounced))
+        for i in range(3)
+    ]
+    runs = [schedule(w.chain, log, 3) for _ in range(60)]
+    name = bounced.data.rsplit("/", 1)[1]
+
+    def queueing() -> bool:
+        # Clients of everystep's database waiting in PgBouncer for a server connection.
+        pools = [pool for pool in bounced.bouncer.show("POOLS") if pool["database"] == name]
+        return any(pool["cl_waiting"] > 0 for pool in pools)
+
+    wait_for(queueing, timeout=60, interval=0.01, what="a client to wait for one of the 2 server connections")
+    wait_for(lambda: all_ended(runs), timeout=120, what="the fleet to end every run")
+
+    ids = [run.id for run in runs]
+    assert set(Workflow.objects.filter(id__in=ids).values_list("status", flat=True)) == {S.COMPLETED}
+    recorded = Counter(Step.objects.filter(workflow_id__in=ids).values_list("workflow_id", "step_id"))
+    assert len(recorded) == 60 * 3 and set(recorded.values()) == {1}
+    started = Counter((line[1], line[2]) for line in w.read_log(log) if line[0] == "start")
+    assert len(started) == 60 * 3 and set(started.values()) == {1}  # each step executed once
+    ran_by = defaultdict(set)
+    for _event, run_id, _index, claimer, _pid in w.read_log(log):
+        ran_by[run_id].add(claimer)
+    assert all(len(claimers) == 1 for claimers in ran_by.values())  # no run claimed twice
+    assert len({claimer for claimers in ran_by.values() for claimer in claimers}) > 1  # a fleet, really
+    assert len([s for s in bounced.bouncer.show("SERVERS") if s["database"] == name]) <= 2
+    for proc in workers:
+        assert proc.alive(), proc.log()
+        assert "Traceback" not in proc.log(), proc.log()
+
+
+def test_prepared_statements_behind_pgbouncer_fail_with_a_hint(start_pgbouncer, transactional_db):
+    """PgBouncer 1.18 in transaction mode hands one server connection to two
+    clients: the second one's prepared statement collides with the first's.
+    The error says what to set."""
+    bouncer = start_pgbouncer(pool_size=1)
+    url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
+    first, second = _wrapper(url, "bounced_a"), _wrapper(url, "bounced_b")
+    try:
+        with pytest.raises(DatabaseError) as caught:
+            for conn in (first, second) * 2:
+                statements.execute(conn, "SELECT %s::int", [1], prepared=True, fetch=True)
+        assert "EVERYSTEP_PREPARED_STATEMENTS = False" in str(caught.value)
+        for conn in (first, second) * 2:  # without preparing: fine
+            conn.close()
+            assert statements.execute(conn, "SELECT %s::int", [1], prepared=False, fetch=True) == [(1,)]
+    finally:
+        first.close()
+        second.close()
