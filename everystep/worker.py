@@ -340,7 +340,9 @@ class Worker:
             wake_in, woken = self._wake_due()
             if woken:
                 continue
-            if self.stop_when_idle and not claimed and not self._inflight:
+            # Idle: a claim with free slots found nothing, and nothing is in flight.
+            # (Not a turn that was full: its runs may have ended since the claim.)
+            if self.stop_when_idle and free > 0 and not claimed and not self._inflight:
                 return
             # Either full or the queue is empty for now: sleep until a free
             # slot, a NOTIFY, stop(), the poll interval, a heartbeat, the next cron

@@ -32,9 +32,8 @@ def test_sleeping_runs_hold_no_worker_slot(start_worker):
 
 def test_a_worker_wakes_a_due_run_by_its_timer_long_before_its_next_poll(start_worker):
     # poll=600: only the timer set from the wake time can wake the run in time.
-    worker = start_worker(pool_size=2, poll=600, listen=False)
-    run = schedule(w.naps, 0.5)
-    worker._waker.wake()  # the run was scheduled after start: no NOTIFY without LISTEN
+    run = schedule(w.naps, 0.5)  # before the start: the first claim takes it
+    start_worker(pool_size=2, poll=600, listen=False)
     wait_for(lambda: statuses([run]) == ["completed"], what="the sleeper to wake and finish")
     row = Workflow.objects.get(id=run.id)
     assert row.result == "after"
@@ -46,9 +45,8 @@ def test_a_worker_wakes_a_due_run_by_its_timer_long_before_its_next_poll(start_w
 def test_a_run_another_worker_put_to_sleep_is_woken_within_a_poll(start_worker):
     # The run suspends on worker a; worker b (polling every 0.1s) must wake it
     # even though a stops before the wake time.
-    a = start_worker(name="a", pool_size=1, listen=False)
     run = schedule(w.naps, 1)
-    a._waker.wake()
+    a = start_worker(name="a", pool_size=1, listen=False)
     wait_for(lambda: statuses([run]) == ["waiting"], what="the run to sleep on a")
     a.stop()
     a.thread.join(30)
