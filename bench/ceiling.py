@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 try:
-    from bench.common import LOGDIR, median, setup, start_worker, stop_workers, table
+    from bench.common import LOGDIR, everystep_tables, median, setup, start_worker, stop_workers, table
 except ImportError:  # run as a script
-    from common import LOGDIR, median, setup, start_worker, stop_workers, table
+    from common import LOGDIR, everystep_tables, median, setup, start_worker, stop_workers, table
 
 STEPS_PER_RUN = 10
 PGBENCH_CLAIMER = "pgbench"
@@ -72,7 +72,7 @@ def reset() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE everystep_run_fork, everystep_step, everystep_workflow, everystep_heartbeat")
+        cursor.execute(f"TRUNCATE {everystep_tables()}")
     connection.close()
 
 

@@ -74,6 +74,15 @@ def kept_database(url: str, label: str) -> str:
     return urlparse(url)._replace(path=f"/{name}").geturl()
 
 
+def everystep_tables() -> str:
+    """Every everystep table, comma-separated, for one ``TRUNCATE``: PostgreSQL
+    refuses to truncate the runs while a table whose foreign key points at them
+    is left out, so the list follows the models rather than being written out."""
+    from django.apps import apps
+
+    return ", ".join(model._meta.db_table for model in apps.get_app_config("everystep").get_models())
+
+
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into a normal exit, so that ``finally`` blocks and exit
     handlers (which drop scratch databases, stop servers) run."""

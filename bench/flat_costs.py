@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     DEFAULT_DATABASE_URL,
     LOGDIR,
+    everystep_tables,
     kept_database,
     median,
     scratch_database,
@@ -144,7 +145,7 @@ def load(alias: str, runs: int, steps: int) -> None:
         cursor.execute("SELECT runs, steps, start_ms FROM bench_flat_load")
         loaded = cursor.fetchone()
         if loaded is None or loaded[:2] != (runs, steps):
-            cursor.execute("TRUNCATE bench_flat_load, everystep_run_fork, everystep_step, everystep_workflow")
+            cursor.execute(f"TRUNCATE bench_flat_load, {everystep_tables()}")
             # Ending a day ago: the overview's last hour and the queue are the bench's own.
             start_ms = int(time.time() * 1000) - (DAYS + 1) * 86_400_000
             cursor.execute("INSERT INTO bench_flat_load VALUES (%s, %s, %s)", [runs, steps, start_ms])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import LOGDIR, setup, start_worker, stop_workers, table  # noqa: E402
+from bench.common import LOGDIR, everystep_tables, setup, start_worker, stop_workers, table  # noqa: E402
 
 STEPS_PER_RUN = 10
 DBOS_VENV = ROOT / "bench" / ".venv-dbos"
@@ -71,10 +71,7 @@ def everystep_round(runs: int, workers: int, pool: int, poll: float, logdir: Pat
     from everystep.models import Step, Workflow
 
     with connection.cursor() as cursor:  # a clean table for every round
-        cursor.execute(
-            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
-            "everystep_workflow"
-        )
+        cursor.execute(f"TRUNCATE {everystep_tables()}")
     with transaction.atomic():
         for _ in range(runs):
             schedule(ten_steps)

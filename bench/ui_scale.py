@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import median, setup, table  # noqa: E402
+from bench.common import everystep_tables, median, setup, table  # noqa: E402
 
 BIG_RUN_STEPS = 5000
 DAYS = 30
@@ -103,10 +103,7 @@ def load(runs: int, *, reload: bool) -> str:
         print(f"ui_scale: loading {runs} runs and {2 * runs} steps...")
         started = time.perf_counter()
         cursor.execute("DROP TABLE IF EXISTS bench_ui_load")
-        cursor.execute(
-            "TRUNCATE everystep_run_fork, everystep_child, everystep_wait, everystep_event, everystep_step, "
-            "everystep_workflow"
-        )
+        cursor.execute(f"TRUNCATE {everystep_tables()}")
         cursor.execute("SET synchronous_commit = off")
         now_ms = int(time.time() * 1000)
         spacing = DAYS * 86_400_000 / runs
