@@ -330,6 +330,7 @@ class Waits:
         self.due: list = []  # (when, run id, value, duplicate): the late sends
         self.sent: dict = {}  # run id -> the first value sent
         self.stored: dict = {}  # (run id, value) -> what send_event returned
+        self.to_waiting = 0  # first sends that found the run already waiting
         self.violations: list[str] = []
 
     def schedule(self) -> int:
@@ -367,10 +368,12 @@ class Waits:
     def _send(self, run_id, value: str) -> None:
         from bench.chaos_workflows import EVENT_KEY
         from everystep import send_event
+        from everystep.models import Workflow
 
         for _ in range(120):  # the controller's sends outlive the server's restart too
             try:
                 _fresh_connection()
+                waiting = Workflow.objects.filter(id=run_id, status="waiting").exists()
                 self.stored[(run_id, value)] = send_event(run_id, EVENT_KEY, value)
                 break
             except Exception:  # noqa: BLE001 - the database coming back
@@ -378,7 +381,9 @@ class Waits:
         else:
             self.violations.append(f"could not send the event {value}")
             return
-        self.sent.setdefault(run_id, value)
+        if run_id not in self.sent:
+            self.sent[run_id] = value
+            self.to_waiting += waiting
 
     def check(self, served_values) -> list[str]:
         from everystep.children import KEY_PREFIX
@@ -433,7 +438,8 @@ class Waits:
         return (
             f"waits: {len(self.sleepers)} sleeping runs ({2 * len(self.sleepers)} sleeps); "
             f"{len(self.plan)} event runs: {len(self.sent)} events sent ({plans['early']} before the wait, "
-            f"{plans['late']} at random moments), {refused} duplicate sends refused, "
+            f"{plans['late']} at random moments, {self.to_waiting} of all to a run already waiting), "
+            f"{refused} duplicate sends refused, "
             f"{getattr(self, 'served', 0)} served, {getattr(self, 'timeouts', 0)} timeouts; "
             f"{len(self.parents)} parents, {getattr(self, 'children', 0)} children"
         )
