@@ -179,15 +179,23 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
     from bench import chaos_workflows
     from everystep import schedule
     from everystep.models import Step, Workflow
+    from everystep.registry import qualified_name
+    from everystep.waits import WAIT_STEP_NAMES
 
     with connection.cursor() as cursor:
         cursor.execute(
             "CREATE TABLE chaos_effect (id bigserial PRIMARY KEY, run_id uuid NOT NULL, "
             "step_id text NOT NULL, unsafe boolean NOT NULL, pid integer NOT NULL, "
-            "worker text NOT NULL, started double precision NOT NULL, ended double precision)"
+            "worker text NOT NULL, started double precision NOT NULL, ended double precision, "
+            "value text)"
         )
+    # The waiting runs first: claimed early, so that some of the events come
+    # after their wait is reached.
+    waits = Waits(rng, 1 if args.short else 8, chaos_seconds)
+    waiting_runs = waits.schedule()
     for i in range(runs):
         schedule(chaos_workflows.mixed, chaos_workflows.KINDS[i % len(chaos_workflows.KINDS)])
+    runs += waiting_runs
     connection.close()
 
     logdir = ROOT / "bench" / "chaos-logs"
@@ -211,6 +219,7 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
             else:
                 fleet.term(name)
                 terms += 1
+            waits.send_due()
             if not pg_restarts and time.time() >= pg_restart_at:
                 violations += restart_postgres(server, logdir)
                 pg_restarts += 1
@@ -218,6 +227,7 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
                 problems, bouncer_reconnects = restart_pgbouncer(bouncer, logdir)
                 violations += problems
                 bouncer_restarts += 1
+        waits.send_due(everything=True)
         dead = kill_for_good(fleet, args.pool, rng)
         runs += dead.scheduled
         kills += bool(dead.held)
@@ -225,7 +235,7 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
         while time.time() < deadline:
             connection.close()
             try:
-                left = Workflow.objects.filter(status__in=["scheduled", "running"]).count()
+                left = Workflow.objects.filter(status__in=["scheduled", "running", "waiting"]).count()
             except Exception:  # the database may still be coming back
                 left = -1
             if left == 0:
@@ -240,9 +250,13 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
     with connection.cursor() as cursor:
         cursor.execute("SELECT run_id, step_id, unsafe, pid, started, ended FROM chaos_effect")
         effects = cursor.fetchall()
+        cursor.execute("SELECT run_id, value FROM chaos_effect WHERE value IS NOT NULL")
+        served_values = cursor.fetchall()
     per_step = Counter((run_id, step_id) for run_id, step_id, *_ in effects)
     unsafe_steps = {(run_id, step_id) for run_id, step_id, unsafe, *_ in effects if unsafe}
-    recorded = list(Step.objects.values_list("workflow_id", "step_id", "status"))
+    # Waits and start_child calls are recorded as steps but have no effect of their own.
+    no_effect = [*WAIT_STEP_NAMES, qualified_name(chaos_workflows.child)]
+    recorded = list(Step.objects.exclude(name__in=no_effect).values_list("workflow_id", "step_id", "status"))
     requeues = sum(_requeues_logged(path.read_text()) for path in logdir.glob("chaos-*.log"))
     reconnects = _reconnects_logged(logdir)
 
@@ -251,9 +265,11 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
         errors = Counter(f"{e.get('type')}: {e.get('message')}" for e in
                          Workflow.objects.filter(status="failed").values_list("error", flat=True))
         violations.append(f"{statuses['failed']} runs failed, e.g. {errors.most_common(1)[0][0]}")
-    stuck = statuses["scheduled"] + statuses["running"]
+    stuck = statuses["scheduled"] + statuses["running"] + statuses["waiting"]
     if stuck:
         violations.append(f"{stuck} runs are not terminal")
+    runs += waits.children_expected()  # the parents' children are runs too
+    violations += waits.check(served_values)
     if statuses.total() != runs:
         violations.append(f"{runs - statuses.total()} runs are missing")
     keys = [(run_id, step_id) for run_id, step_id, _ in recorded]
@@ -284,6 +300,7 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
          "blocked", "repeated safe", "repeated unsafe", "time"],
     ))
     print(dead.summary())
+    print(waits.summary())
     if bouncer is not None:
         print(f"PgBouncer: killed and restarted {bouncer_restarts} time(s); the workers logged "
               f"{bouncer_reconnects} reconnect(s) after it")
@@ -293,6 +310,149 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
         return 1
     print("no violations")
     return 0
+
+
+class Waits:
+    """The waiting workloads: runs that sleep between effect steps, runs that
+    wait for an event the controller sends before the wait is reached, after,
+    or never (the timeout path), and parents that start a child and return its
+    result. Their checks: every sent event served exactly once (the first
+    value, to a run that reached its wait), a duplicate send refused, the
+    unsent runs timed out; exactly one child per start_child; the parent's
+    result is the child's."""
+
+    SENT_TIMEOUT = 120.0  # an event that is sent always comes first; a lost one shows as its timeout
+
+    def __init__(self, rng: random.Random, scale: int, chaos_seconds: float):
+        self.rng = rng
+        self.chaos_seconds = chaos_seconds
+        self.counts = {"sleepers": 3 * scale, "evented": 9 * scale, "parents": 4 * scale}
+        self.sleepers: list = []
+        self.parents: dict = {}  # run id -> n
+        self.plan: dict = {}  # evented run id -> "early" | "late" | "never"
+        self.due: list = []  # (when, run id, value, duplicate): the late sends
+        self.sent: dict = {}  # run id -> the first value sent
+        self.stored: dict = {}  # (run id, value) -> what send_event returned
+        self.to_waiting = 0  # first sends that found the run already waiting
+        self.violations: list[str] = []
+
+    def schedule(self) -> int:
+        from bench import chaos_workflows
+        from everystep import schedule
+
+        for _ in range(self.counts["sleepers"]):
+            self.sleepers.append(schedule(chaos_workflows.sleeper, round(self.rng.uniform(0.2, 1.5), 2)).id)
+        for n in range(self.counts["parents"]):
+            self.parents[schedule(chaos_workflows.parent, n).id] = n
+        start = time.time()
+        for i in range(self.counts["evented"]):
+            plan = ("early", "late", "never")[i % 3]
+            timeout = self.SENT_TIMEOUT if plan != "never" else round(self.rng.uniform(1, 4), 2)
+            run_id = schedule(chaos_workflows.evented, timeout).id
+            self.plan[run_id] = plan
+            value = f"{run_id}:first"
+            if plan == "early":  # before any worker runs: sent before the wait is reached
+                self._send(run_id, value)
+            elif plan == "late":  # at a random moment of the chaos: before or after the wait
+                self.due.append((start + self.rng.uniform(0, self.chaos_seconds * 0.8), run_id, value))
+            if plan != "never" and i % 2:  # and a second send, later: refused, not served
+                self.due.append((start + self.rng.uniform(0, self.chaos_seconds), run_id, f"{run_id}:second"))
+        self.due.sort()
+        return len(self.sleepers) + len(self.parents) + len(self.plan)
+
+    def children_expected(self) -> int:
+        return len(self.parents)
+
+    def send_due(self, *, everything: bool = False) -> None:
+        while self.due and (everything or self.due[0][0] <= time.time()):
+            _, run_id, value = self.due.pop(0)
+            self._send(run_id, value)
+
+    def _send(self, run_id, value: str) -> None:
+        from bench.chaos_workflows import EVENT_KEY
+        from everystep import send_event
+        from everystep.models import Workflow
+
+        for _ in range(120):  # the controller's sends outlive the server's restart too
+            try:
+                _fresh_connection()
+                waiting = Workflow.objects.filter(id=run_id, status="waiting").exists()
+                self.stored[(run_id, value)] = send_event(run_id, EVENT_KEY, value)
+                break
+            except Exception:  # noqa: BLE001 - the database coming back
+                time.sleep(0.25)
+        else:
+            self.violations.append(f"could not send the event {value}")
+            return
+        if run_id not in self.sent:
+            self.sent[run_id] = value
+            self.to_waiting += waiting
+
+    def check(self, served_values) -> list[str]:
+        from bench import chaos_workflows
+        from everystep.children import KEY_PREFIX
+        from everystep.models import ChildRun, Event, Workflow
+        from everystep.registry import qualified_name
+
+        served = defaultdict(set)
+        for run_id, value in served_values:
+            served[run_id].add(value)
+        ends = dict((i, (s, r)) for i, s, r in Workflow.objects.filter(
+            id__in=[*self.sleepers, *self.parents, *self.plan]).values_list("id", "status", "result"))
+        self.timeouts = self.served = 0
+        for (run_id, value), stored in self.stored.items():
+            if stored != (self.sent[run_id] == value):
+                self.violations.append(
+                    f"send_event returned {stored} for {value} (first sent: {self.sent[run_id]})")
+        events = Counter(Event.objects.filter(run_id__in=list(self.plan)).values_list("run_id", flat=True))
+        for run_id, plan in self.plan.items():
+            status, result = ends.get(run_id, (None, None))
+            first = self.sent.get(run_id)
+            if events[run_id] != (first is not None):
+                self.violations.append(f"run {run_id} has {events[run_id]} stored events ({plan})")
+            if first is None:
+                if status != "completed" or result != {"timeout": True} or served[run_id]:
+                    self.violations.append(f"run {run_id} was sent no event but ended {status} {result} "
+                                           f"having served {sorted(served[run_id])}")
+                self.timeouts += 1
+            elif status != "completed" or result != {"value": first} or served[run_id] != {first}:
+                self.violations.append(f"run {run_id} ({plan}) was sent {first!r} but ended {status} "
+                                       f"{result} having served {sorted(served[run_id])}")
+            else:
+                self.served += 1
+        for run_id in self.sleepers:
+            if ends.get(run_id) != ("completed", "slept"):
+                self.violations.append(f"sleeping run {run_id} ended {ends.get(run_id)}")
+        self.children = 0
+        child_name = qualified_name(chaos_workflows.child)
+        for run_id, n in self.parents.items():
+            kids = list(Workflow.objects.filter(idempotency_key__startswith=f"{KEY_PREFIX}{run_id}:")
+                        .values_list("id", "status", "result"))
+            links = ChildRun.objects.filter(parent_id=run_id).count()
+            # Counted by their argument as well (every parent passes its own n): a
+            # child inserted without the key, or a second one, shows here too.
+            by_args = Workflow.objects.filter(name=child_name, args=[n]).count()
+            self.children += by_args
+            if len(kids) != 1 or links != 1 or by_args != 1:
+                self.violations.append(f"parent {run_id} has {len(kids)} children under its key, "
+                                       f"{by_args} with its argument and {links} links, not 1")
+                continue
+            expected = {"from_child": {"child": n}}
+            if kids[0][1:] != ("completed", {"child": n}) or ends.get(run_id) != ("completed", expected):
+                self.violations.append(f"parent {run_id} ended {ends.get(run_id)}, its child {kids[0][1:]}")
+        return self.violations
+
+    def summary(self) -> str:
+        plans = Counter(self.plan.values())
+        refused = sum(1 for stored in self.stored.values() if not stored)
+        return (
+            f"waits: {len(self.sleepers)} sleeping runs ({2 * len(self.sleepers)} sleeps); "
+            f"{len(self.plan)} event runs: {len(self.sent)} events sent ({plans['early']} before the wait, "
+            f"{plans['late']} at random moments, {self.to_waiting} of all to a run already waiting), "
+            f"{refused} duplicate sends refused, "
+            f"{getattr(self, 'served', 0)} served, {getattr(self, 'timeouts', 0)} timeouts; "
+            f"{len(self.parents)} parents, {getattr(self, 'children', 0)} children"
+        )
 
 
 class DeadWorker:

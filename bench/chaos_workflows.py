@@ -10,7 +10,7 @@ import time
 import psycopg
 from django.conf import settings
 
-from everystep import Terminal, parallel, step, workflow
+from everystep import Terminal, WaitTimeout, parallel, sleep, start_child, step, wait_for_event, workflow
 from everystep.context import current
 
 _local = threading.local()
@@ -39,12 +39,12 @@ def _write(sql, params):
     raise RuntimeError("effect table unreachable for 30 s")
 
 
-def effect(*, unsafe=False):
+def effect(*, unsafe=False, value=None):
     ctx = current()
     row = _write(
-        "INSERT INTO chaos_effect (run_id, step_id, unsafe, pid, worker, started) "
-        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        [ctx.workflow_id, ctx.running_step, unsafe, os.getpid(), ctx.state.claimer, time.time()],
+        "INSERT INTO chaos_effect (run_id, step_id, unsafe, pid, worker, started, value) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        [ctx.workflow_id, ctx.running_step, unsafe, os.getpid(), ctx.state.claimer, time.time(), value],
     )
     time.sleep(random.uniform(0.02, 0.25))
     _write("UPDATE chaos_effect SET ended = %s WHERE id = %s RETURNING id", [time.time(), row[0]])
@@ -95,3 +95,58 @@ def mixed(kind):
 
 
 KINDS = ["sequential", "fork", "cleanup", "stop", "unsafe"]
+
+
+# The waiting workloads. Their steps write effects as the others do; the
+# checker (chaos.py) knows them by workflow name.
+
+EVENT_KEY = "go"
+
+
+@step
+def got(value):
+    """The step after an event wait: records the value the run was served."""
+    effect(value=value)
+    return value
+
+
+@workflow
+def sleeper(seconds):
+    """Effect steps with durable sleeps between them."""
+    work("a")
+    sleep(seconds)
+    work("b")
+    sleep(seconds)
+    work("z")
+    return "slept"
+
+
+@workflow
+def evented(timeout):
+    """Waits for the event EVENT_KEY; the controller sends it before the wait
+    is reached, after, or never (the timeout path)."""
+    work("a")
+    try:
+        value = wait_for_event(EVENT_KEY, timeout=timeout)
+    except WaitTimeout:
+        work("timeout")
+        return {"timeout": True}
+    got(value)
+    work("z")
+    return {"value": value}
+
+
+@workflow
+def child(n):
+    work("c")
+    return {"child": n}
+
+
+@workflow
+def parent(n):
+    """Starts one child and returns what it returned."""
+    work("a")
+    handle = start_child(child, n)
+    outcome = handle.result()
+    work("z")
+    return {"from_child": outcome}

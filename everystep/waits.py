@@ -202,13 +202,15 @@ def wait_step(
 def _wait(ctx, step_id, name, recorded, args, kind, key, wake_at, resolve, ready) -> Any:
     """Record the wait once, then end it (its outcome recorded) or suspend the run."""
     state = ctx.state
+    # Its reads are guarded as the engine's writes are: a database outage here
+    # (a restart) halts the run for a requeue instead of failing it from the body.
     if recorded is not None:
-        params = _recorded_params(state, step_id)
+        params = runner._guarded_db(state, _recorded_params, state, step_id)
     else:
         params = {"kind": kind, "key": key, "wake_at": wake_at}
         _record_started(state, step_id, name, args, params)
         runner._fault(ctx, step_id)  # a crash here leaves the started row: replay keeps its wake time
-    outcome = resolve(state, step_id, params)
+    outcome = runner._guarded_db(state, resolve, state, step_id, params)
     if outcome is None:
         deadline = params["wake_at"]
         if ready is None:
