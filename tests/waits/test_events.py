@@ -248,3 +248,19 @@ def test_bad_sends_are_refused_naming_the_problem():
 def test_wait_for_event_outside_a_run_is_refused():
     with pytest.raises(EverystepError, match="only in a workflow's body"):
         waits.wait_for_event("k")
+
+
+def test_a_database_outage_at_a_wait_requeues_the_run_instead_of_failing_it():
+    """The chaos soak's finding: a PostgreSQL restart while a replay reads its
+    wait's record failed the run from the body. The read is guarded as the
+    engine's writes are: the run goes back to the queue and a replay finishes it."""
+    from django.db import OperationalError
+
+    run = waiting_run()
+    waits.send_event(run.id, "approved", "yes")
+    outage = OperationalError("terminating connection due to administrator command")
+    with mock.patch.object(waits, "_recorded_params", side_effect=outage):
+        assert resume(run).status == "scheduled"
+    run = resume(run)
+    assert (run.status, run.result) == ("completed", "yes")
+    assert w.effects == {"before": 1, "got:yes": 1}
