@@ -290,7 +290,7 @@ def test_every_run_status_has_a_django_status(status):
     run = Workflow.objects.create(name=jobs.total.module_path, args=[[1], {}], status=status)
     expected = {
         "scheduled": "READY", "running": "RUNNING", "completed": "SUCCESSFUL",
-        "failed": "FAILED", "stopped": "FAILED", "blocked": "FAILED",
+        "failed": "FAILED", "stopped": "FAILED", "blocked": "FAILED", "waiting": "RUNNING",
     }[status]
     assert STATUSES[status] == expected
     assert default_task_backend.get_result(str(run.id)).status == expected
