@@ -34,7 +34,12 @@ from .models import Workflow
 Status = Workflow.Status
 
 RUN_COLUMNS = [field.column for field in Workflow._meta.concrete_fields]
-_RETURNING = f"RETURNING {', '.join(RUN_COLUMNS)}"
+# With each claimed run, whether it has recorded steps: a run claimed for the
+# first time has none, and the runner then skips loading them (a round trip).
+_RETURNING = (
+    f"RETURNING {', '.join(RUN_COLUMNS)}, EXISTS (SELECT 1 FROM everystep_step "
+    "WHERE everystep_step.workflow_id = everystep_workflow.id) AS has_steps"
+)
 
 # The excluded ids go as one array, so that the statement text, and with it
 # the prepared plan, is the same whatever a worker has in flight.
@@ -104,10 +109,12 @@ def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Wo
 
 
 def _run_from_row(conn, row) -> Workflow:
-    values = list(row)
+    *values, has_steps = row
     for i, decode in _run_decoders():
         values[i] = decode(values[i], None, conn)
-    return Workflow.from_db(conn.alias, RUN_COLUMNS, values)
+    run = Workflow.from_db(conn.alias, RUN_COLUMNS, values)
+    run.has_steps = has_steps
+    return run
 
 
 @functools.cache

@@ -68,6 +68,55 @@ def atomic():
     return transaction.atomic(using=alias())
 
 
+# A worker's pool thread keeps its connection to everystep's database from one
+# run to the next: a new PostgreSQL connection costs milliseconds (a backend
+# process, authentication, Django's set-up), a run of ten steps about the same.
+# A connection left idle longer than this is tried (SELECT 1) before a run
+# uses it, so that a restart or an idle timeout meanwhile costs a reconnect,
+# not a run sent back to the queue.
+CHECK_IDLE_AFTER = 1.0
+
+
+def keep_for_next_run() -> None:
+    """At the end of a run on a worker's pool thread: keep this thread's
+    connection to everystep's database if it is fit for the next run (in
+    autocommit, outside a transaction, usable); the thread's other connections
+    follow Django's rule at the end of a request (``CONN_MAX_AGE``)."""
+    engine = alias()
+    for conn in connections.all(initialized_only=True):
+        if conn.alias == engine and _fit_for_reuse(conn):
+            conn.everystep_idle_since = time.monotonic()
+        elif conn.alias == engine:
+            conn.close()
+        else:
+            conn.close_if_unusable_or_obsolete()
+
+
+def _fit_for_reuse(conn) -> bool:
+    if conn.connection is None or conn.in_atomic_block:
+        return False
+    if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        return False  # a step left it changed
+    if conn.errors_occurred:  # Django's own test at a request's end
+        if not conn.is_usable():
+            return False
+        conn.errors_occurred = False
+    return True
+
+
+def ready_for_run() -> None:
+    """Before a run on a worker's pool thread: drop a kept connection that sat
+    idle past :data:`CHECK_IDLE_AFTER` and no longer answers; the run's first
+    statement then opens a new one."""
+    conn = connection()
+    idle_since = getattr(conn, "everystep_idle_since", None)
+    if conn.connection is None or idle_since is None:
+        return
+    conn.everystep_idle_since = None
+    if time.monotonic() - idle_since > CHECK_IDLE_AFTER and not conn.is_usable():
+        conn.close()
+
+
 def close_quietly() -> None:
     """Drop this thread's connection to everystep's database (e.g. one broken by
     a restart); the next query reconnects."""

@@ -85,7 +85,9 @@ def _replay(run, claimer: str, leave_check: Callable | None, watch: Callable | N
     # Read once per run, not per step: settings lookups are not free.
     state.database = database.alias()
     state.prepared_statements = statements.prepared_statements()
-    state.store = _load_outcomes(run.id)
+    # A claim says whether the run has recorded steps (``has_steps``); a run
+    # from elsewhere (the ORM, a claim that cannot tell) is loaded.
+    state.store = _load_outcomes(run.id) if getattr(run, "has_steps", True) else {}
     if watch is not None:
         watch(state)
     value, raised = None, None

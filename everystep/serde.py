@@ -31,9 +31,16 @@ class _Refused(EverystepError):
         self.where: list[str] = []
 
 
+# Stored as they are; by exact type, so that an IntEnum or a str subclass still
+# goes through _encode. Most step arguments and results are one of these.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def encode(value: Any) -> Any:
     """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``
     naming where in the value the problem is (``$['items'][3]``)."""
+    if type(value) in _PLAIN:
+        return value
     try:
         return _encode(value)
     except _Refused as exc:
@@ -43,6 +50,8 @@ def encode(value: Any) -> Any:
 
 
 def _encode(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, enum.Enum):
         cls = type(value)
         return {TAG: "enum", "cls": f"{cls.__module__}.{cls.__qualname__}", "v": _encode(value.value)}

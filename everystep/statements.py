@@ -14,6 +14,7 @@ Every write to a claimed run is fenced: it matches only while the run is
 """
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -46,12 +47,12 @@ def insert_step(
     ``using``: everystep's database alias, read once per run by the runner."""
     conn = connections[using]
     if prepared and conn.vendor == "postgresql":
-        pg = _autocommit_psycopg(conn)
-        if pg is not None:
-            values = [str(run_id), step_id, name, _json_text(args), _json_text(kwargs), status,
-                      _json_text(result), _json_text(error), str(run_id), claimer]
-            with _pooler_hint():
-                return _execute_libpq(conn, pg, _INSERT_STEP_LIBPQ, values) == 1
+        run_text = str(run_id)
+        values = [run_text, step_id, name, _json_text(args), _json_text(kwargs), status,
+                  _json_text(result), _json_text(error), run_text, claimer]
+        written = _write_libpq(conn, _INSERT_STEP_LIBPQ, values)
+        if written is not None:
+            return written == 1
     run = uuid_param(conn, run_id)
     params = [
         run, step_id, name, json_param(conn, args), json_param(conn, kwargs), status,
@@ -77,15 +78,24 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
 def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
     """``running`` under ``claimer`` -> ``status``; False if the run moved on."""
     conn = database.connection()
+    stored_result = None if result is None else serde.encode(result)
+    stored_error = None if error is None else serde.encode(error)
+    prepared = prepared_statements()
+    if prepared and conn.vendor == "postgresql":
+        values = [status, _json_text(stored_result), _json_text(stored_error), timezone.now().isoformat(),
+                  str(run_id), claimer]
+        written = _write_libpq(conn, _FINISH_RUN_LIBPQ, values)
+        if written is not None:
+            return written == 1
     params = [
         status,
-        json_param(conn, None if result is None else serde.encode(result)),
-        json_param(conn, None if error is None else serde.encode(error)),
+        json_param(conn, stored_result),
+        json_param(conn, stored_error),
         conn.ops.adapt_datetimefield_value(timezone.now()),
         uuid_param(conn, run_id),
         claimer,
     ]
-    return execute(conn, FINISH_RUN, params, prepared_statements()) == 1
+    return execute(conn, FINISH_RUN, params, prepared) == 1
 
 
 def json_param(conn, encoded):
@@ -141,16 +151,16 @@ def _lost_prepared_statement(exc: DatabaseError) -> bool:
     exists" (42P05): what a statement prepared on one server connection meets on another."""
     return getattr(exc.__cause__, "sqlstate", None) in ("26000", "42P05")
 
-# ------------------------------------------------------------ the step insert, through libpq
+# ------------------------------------------------------------ the step insert and a run's end, through libpq
 #
-# A step's insert is the one statement a worker sends per step. Through a
-# psycopg cursor it costs about 75 us of CPU (adapting each parameter, the
-# query's conversion, the prepared-statement cache, the result's bookkeeping);
-# sent straight through libpq, prepared once per connection with its
-# parameter types declared and its values already as text, about 35 us. Only
-# on an autocommit connection: in a transaction psycopg must send its BEGIN
-# first, so the cursor path handles that case (and the setting turning
-# prepared statements off).
+# A step's insert is the one statement a worker sends per step, a run's end
+# the last one per run. Through a psycopg cursor a statement costs about 75 us
+# of CPU (adapting each parameter, the query's conversion, the
+# prepared-statement cache, the result's bookkeeping); sent straight through
+# libpq, prepared once per connection with its parameter types declared and
+# its values already as text, about 35 us. Only on an autocommit connection:
+# in a transaction psycopg must send its BEGIN first, so the cursor path
+# handles that case (and the setting turning prepared statements off).
 
 
 class _Libpq:
@@ -165,16 +175,41 @@ class _Libpq:
         self.name, self.sql, self.types = name.encode(), numbered.encode(), types
 
 
-_UUID, _TEXT, _JSONB = 2950, 25, 3802
+_UUID, _TEXT, _JSONB, _TIMESTAMPTZ = 2950, 25, 3802, 1184
 _INSERT_STEP_LIBPQ = _Libpq(
     "everystep_insert_step", INSERT_STEP,
     [_UUID, _TEXT, _TEXT, _JSONB, _JSONB, _TEXT, _JSONB, _JSONB, _UUID, _TEXT],
 )
+_FINISH_RUN_LIBPQ = _Libpq(
+    "everystep_finish_run", FINISH_RUN, [_TEXT, _JSONB, _JSONB, _TIMESTAMPTZ, _UUID, _TEXT]
+)
+
+
+def _write_libpq(conn, statement: _Libpq, values: list[str | None]) -> int | None:
+    """The rows ``statement`` wrote, sent through libpq; None when ``conn`` is
+    in a transaction (the caller then takes the cursor path)."""
+    pg = _autocommit_psycopg(conn)
+    if pg is None:
+        return None
+    with _pooler_hint():
+        return _execute_libpq(conn, pg, statement, values)
 
 
 def _json_text(encoded) -> str | None:
     """What the backend's JSON adaptation sends for an encoded value (``json.dumps``)."""
-    return None if encoded is None else json.dumps(encoded)
+    if encoded is None:
+        return None
+    if type(encoded) in _JSON_SCALARS:
+        return _SCALAR_TEXT[type(encoded)](encoded)
+    return _JSON_ENCODER.encode(encoded)
+
+
+# json.dumps with its defaults, without re-reading its keyword arguments per
+# call; the scalars a step most often takes and returns skip the encoder.
+_JSON_ENCODER = json.JSONEncoder()
+_SCALAR_TEXT = {int: int.__repr__, bool: lambda value: "true" if value else "false",
+                str: _JSON_ENCODER.encode}
+_JSON_SCALARS = frozenset(_SCALAR_TEXT)
 
 
 def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
@@ -188,8 +223,7 @@ def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: li
     """Execute ``statement`` (prepared on this connection first if need be); the
     rows written. Errors are psycopg's, as the cursor path raises them, turned
     into Django's by its wrapper (which also marks the connection for a check)."""
-    from psycopg import errors, pq
-
+    errors, pq = _psycopg()
     params = [None if value is None else value.encode() for value in values]
     with conn.wrap_database_errors, pg.lock:
         pgconn = pg.pgconn
@@ -211,8 +245,17 @@ def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: li
     raise AssertionError("unreachable")
 
 
-def _prepare(pgconn, statement: _Libpq, encoding: str) -> None:
+@functools.cache
+def _psycopg():
+    """psycopg's ``errors`` and ``pq``, imported on first use (not on every
+    backend, not on every statement)."""
     from psycopg import errors, pq
+
+    return errors, pq
+
+
+def _prepare(pgconn, statement: _Libpq, encoding: str) -> None:
+    errors, pq = _psycopg()
 
     result = pgconn.prepare(statement.name, statement.sql, statement.types)
     if result.status != pq.ExecStatus.COMMAND_OK:

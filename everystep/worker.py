@@ -28,6 +28,7 @@ that it hears a NOTIFY sent through everystep's database, and if it does not,
 the worker warns and polls only.
 """
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -454,9 +455,26 @@ class Worker:
         executor.submit(self._execute, slot)
 
     def _execute(self, slot: _Slot) -> None:
+        """Execute the slot's run; then, while the worker runs on, claim the
+        next run on this thread and execute it in the same slot. A busy queue
+        then goes from one run to the next without the hand-off to the claim
+        loop and back (two thread wake-ups and a loop turn per run)."""
+        try:
+            while slot is not None:
+                self._execute_run(slot)
+                slot = self._take_next(slot)
+        finally:
+            if slot is not None:  # an exception went through: the slot is free all the same
+                with self._lock:
+                    self._inflight.pop(slot.run.id, None)
+            observability.in_flight(self.name, -1)
+            self._waker.wake()  # a slot is free
+
+    def _execute_run(self, slot: _Slot) -> None:
         run = slot.run
         began = time.monotonic()
         try:
+            database.ready_for_run()
             status = runner.execute(run, self.name, leave_check=slot.leave_check, watch=slot.watch)
             if status == Status.WAITING:
                 self._next_wake = 0.0  # its wake time may come before the next look
@@ -480,12 +498,35 @@ class Worker:
                 Status.FAILED,
                 error=serde.encode_exception(exc),
             )
-        finally:
-            with self._lock:
-                self._inflight.pop(run.id, None)
-            observability.in_flight(self.name, -1)
+
+    def _take_next(self, slot: _Slot) -> _Slot | None:
+        """The slot's run has ended: claim one more run for the slot, unless the
+        worker is stopping; the slot is handed over under the lock, so the claim
+        loop never counts it free meanwhile (the worker holds at most
+        ``pool_size`` runs). None: nothing to claim, the slot is free."""
+        if self._stopping:  # no next run here: a run outliving the drain closes its own
             connections.close_all()  # this thread's connections only
-            self._waker.wake()  # a slot is free
+        else:
+            with contextlib.suppress(DatabaseError):  # at worst, the next run reconnects
+                database.keep_for_next_run()
+        successor = None
+        if not self._stopping:
+            with self._lock:
+                in_flight = list(self._inflight)
+            try:
+                runs = claims.claim_runs(self.name, 1, exclude=in_flight)
+            except DatabaseError:
+                runs = []  # the claim loop retries, and says so
+                database.close_quietly()
+            observability.claimed(self.name, len(runs))
+            if runs:
+                successor = _Slot(self, runs[0])
+                logger.debug("worker %r claimed run %s %s", self.name, runs[0].id, runs[0].name)
+        with self._lock:
+            self._inflight.pop(slot.run.id, None)
+            if successor is not None:
+                self._inflight[successor.run.id] = successor
+        return successor
 
     def _log_end(self, run: Workflow, status: str, seconds: float) -> None:
         """One line per run that leaves this worker, as runserver logs a request."""
@@ -562,6 +603,8 @@ class Worker:
                 self.abandoned,
                 ", ".join(map(str, leftovers)),
             )
+        if not self.abandoned:
+            self._close_pool_connections(executor)
         executor.shutdown(wait=not self.abandoned, cancel_futures=True)
         self._listener_stop.set()
         if self._listener is not None:
@@ -572,6 +615,20 @@ class Worker:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         logger.info("worker %r stopped", self.name)
+
+    def _close_pool_connections(self, executor: ThreadPoolExecutor) -> None:
+        """Close the connections the pool threads kept between runs. A Django
+        connection is closed by its own thread: one task per thread, each
+        holding its thread at a barrier until every thread has one."""
+        barrier = threading.Barrier(self.pool_size)
+
+        def close() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            connections.close_all()  # this thread's connections only
+
+        closing = [executor.submit(close) for _ in range(self.pool_size)]
+        concurrent.futures.wait(closing, timeout=10)  # before shutdown() cancels what has not started
 
     def _install_signal_handlers(self) -> dict:
         # Python delivers signals to the main thread only; an embedded worker

@@ -160,6 +160,28 @@ def failing(message):
     fail(message)
 
 
+@step
+def session_id():
+    """The server session of the connection everystep's statements go through
+    (this thread's): PostgreSQL's backend pid, MariaDB/MySQL's connection id,
+    for SQLite the connection object's identity."""
+    from everystep import database
+
+    conn = database.connection()
+    conn.ensure_connection()
+    if conn.vendor == "sqlite":
+        return id(conn.connection)
+    query = "SELECT pg_backend_pid()" if conn.vendor == "postgresql" else "SELECT CONNECTION_ID()"
+    with conn.cursor() as cursor:
+        cursor.execute(query)
+        return cursor.fetchone()[0]
+
+
+@workflow
+def report_session():
+    return session_id()
+
+
 def read_log(path) -> list[tuple]:
     """The log as (event, run_id, index, claimer, pid) tuples."""
     path = Path(path)
