@@ -139,3 +139,18 @@ def test_one_round_trip_on_postgresql():
     # Each Sync (or simple Query) is one round trip; BEGIN/COMMIT would be more.
     assert sum(message in ("Sync", "Query") for message in sent) == 1
     assert "BEGIN" not in " ".join(sent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_says_which_runs_have_recorded_steps():
+    """The runner loads a claimed run's outcomes only when it has some. MariaDB/MySQL's
+    claim cannot tell: its runs carry no answer, and the runner loads them."""
+    from everystep.models import Step
+
+    fresh, resumed = Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(2))
+    Step.objects.create(workflow=resumed, step_id="1", name="tests.worker.workflows.mark", status="done")
+    claimed = {run.id: run for run in claims.claim_runs("w1", 2)}
+    if database.connection().vendor == "mysql":
+        assert not any(hasattr(run, "has_steps") for run in claimed.values())
+    else:
+        assert (bool(claimed[fresh.id].has_steps), bool(claimed[resumed.id].has_steps)) == (False, True)
