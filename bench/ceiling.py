@@ -29,15 +29,15 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 try:
-    from bench.common import LOGDIR, everystep_tables, median, setup, start_worker, stop_workers, table
+    from bench.common import median, setup, table
+    from bench.fleet import STEPS_PER_RUN, fleet_round, reset
 except ImportError:  # run as a script
-    from common import LOGDIR, everystep_tables, median, setup, start_worker, stop_workers, table
+    from common import median, setup, table
+    from fleet import STEPS_PER_RUN, fleet_round, reset
 
-STEPS_PER_RUN = 10
 PGBENCH_CLAIMER = "pgbench"
 # One running run per pgbench client (pgbench numbers them from 0), its id
 # worked out from the client's number so that the script needs no lookup.
@@ -66,14 +66,6 @@ def parse_config(text: str) -> tuple[int, int]:
 
 def label(config: tuple[int, int]) -> str:
     return f"{config[0]}x{config[1]}"
-
-
-def reset() -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {everystep_tables()}")
-    connection.close()
 
 
 # ---------------------------------------------------------------- pgbench
@@ -125,70 +117,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def everystep_round(runs: int, config: tuple[int, int], poll: float) -> dict:
-    """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads."""
-    from django.db import transaction
-
-    from bench.throughput import Watch
-    from bench.workflows import ten_steps
-    from everystep import schedule
-    from everystep.models import Heartbeat, Step, Workflow
-
+    """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads,
+    started and idle before the runs are scheduled."""
     processes, pool = config
-    reset()
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    watch = Watch(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
     names = [f"bench-ceiling-{label(config)}-{i}" for i in range(processes)]
-    procs = [
-        start_worker(name, pool=pool, poll=poll, log=open(LOGDIR / f"{name}.log", "w"))  # noqa: SIM115
-        for name in names
-    ]
-    try:
-        deadline = time.monotonic() + 120
-        while Heartbeat.objects.filter(name__in=names).count() < processes:  # all started, idle
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"the workers did not start; see the logs in {LOGDIR}")
-            time.sleep(0.05)
-        time.sleep(0.3)  # past the start-up claim and the LISTEN
-        cpu_before = [cpu_seconds(p.pid) for p in procs]
-        with transaction.atomic():
-            for _ in range(runs):
-                schedule(ten_steps)
-        deadline = time.monotonic() + 600
-        first_claim = None
-        while first_claim is None:
-            now, claimed = watch.fetchone(
-                "SELECT extract(epoch FROM clock_timestamp())::float8, "
-                "EXISTS (SELECT 1 FROM everystep_workflow WHERE status <> 'scheduled')"
-            )
-            if claimed:
-                first_claim = now
-            elif time.monotonic() > deadline:
-                raise RuntimeError(f"no run was claimed; see the logs in {LOGDIR}")
-            else:
-                time.sleep(0.002)
-        while time.monotonic() < deadline:
-            (left,) = watch.fetchone(
-                "SELECT count(*) FROM everystep_workflow WHERE status IN ('scheduled', 'running')"
-            )
-            if not left:
-                break
-            time.sleep(0.05)
-        cpu_after = [cpu_seconds(p.pid) for p in procs]
-        (last_end,) = watch.fetchone(
-            "SELECT extract(epoch FROM max(completed_at))::float8 FROM everystep_workflow"
-        )
-    finally:
-        stop_workers(procs)
-        watch.close()
-    completed = Workflow.objects.filter(status="completed").count()
-    steps = Step.objects.count()
-    if completed != runs or steps != runs * STEPS_PER_RUN:
-        raise RuntimeError(f"{completed} of {runs} runs completed, {steps} steps recorded")
-    seconds = last_end - first_claim
-    cpu = sum(after - before for before, after in zip(cpu_before, cpu_after, strict=True))
-    return {"steps_per_s": steps / seconds, "cpu_us_per_step": cpu / steps * 1e6}
+    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True,
+                         sample=lambda procs: sum(cpu_seconds(p.pid) for p in procs))
+    steps = round_["steps"]
+    return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6}
 
 
 # ---------------------------------------------------------------- the sitting

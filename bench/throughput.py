@@ -20,105 +20,26 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import LOGDIR, everystep_tables, setup, start_worker, stop_workers, table  # noqa: E402
+from bench.common import LOGDIR, setup, table  # noqa: E402
+from bench.fleet import STEPS_PER_RUN, fleet_round  # noqa: E402
 
-STEPS_PER_RUN = 10
 DBOS_VENV = ROOT / "bench" / ".venv-dbos"
 DBOS_REQUIREMENT = "dbos"
 
 
-class Watch:
-    """The benchmark's own connection for polling progress; it reconnects if the
-    server restarts (on a shared machine someone may restart it mid-run)."""
-
-    def __init__(self, **params):
-        self.params = params
-        self.conn = None
-        self.losses = 0  # connections lost: the figures of such a round are suspect
-
-    def fetchone(self, sql: str):
-        import psycopg
-
-        for attempt in range(60):
-            try:
-                if self.conn is None or self.conn.closed:
-                    self.conn = psycopg.connect(**self.params, autocommit=True)
-                return self.conn.execute(sql).fetchone()
-            except psycopg.OperationalError:
-                if attempt == 59:
-                    raise
-                self.close()
-                self.losses += 1
-                time.sleep(0.5)
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-
 def everystep_round(runs: int, workers: int, pool: int, poll: float, logdir: Path) -> dict:
-    from django.conf import settings
-    from django.db import connection, transaction
-
-    from bench.workflows import ten_steps
-    from everystep import schedule
-    from everystep.models import Step, Workflow
-
-    with connection.cursor() as cursor:  # a clean table for every round
-        cursor.execute(f"TRUNCATE {everystep_tables()}")
-    with transaction.atomic():
-        for _ in range(runs):
-            schedule(ten_steps)
-    connection.close()
-
-    db = settings.DATABASES["default"]
-    watch = Watch(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
-    first_claim_sql = (
-        "SELECT extract(epoch FROM clock_timestamp())::float8, "
-        "EXISTS (SELECT 1 FROM everystep_workflow WHERE status <> 'scheduled')"
-    )
-    procs = [
-        start_worker(f"bench-tp-{i}", pool=pool, poll=poll, log=open(logdir / f"tp-{i}.log", "w"))  # noqa: SIM115
-        for i in range(workers)
-    ]
-    try:
-        deadline = time.monotonic() + 600
-        while True:  # the first claim, to within a few milliseconds
-            now, claimed = watch.fetchone(first_claim_sql)
-            if claimed:
-                first_claim = now
-                break
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"no run was claimed; see the logs in {logdir}")
-            time.sleep(0.002)
-        while time.monotonic() < deadline:
-            (left,) = watch.fetchone(
-                "SELECT count(*) FROM everystep_workflow WHERE status IN ('scheduled', 'running')"
-            )
-            if not left:
-                break
-            time.sleep(0.1)
-        (last_end,) = watch.fetchone(
-            "SELECT extract(epoch FROM max(completed_at))::float8 FROM everystep_workflow"
-        )
-    finally:
-        stop_workers(procs)
-        watch.close()
-    completed = Workflow.objects.filter(status="completed").count()
-    steps = Step.objects.count()
-    if completed != runs or steps != runs * STEPS_PER_RUN:
-        raise RuntimeError(f"{completed} of {runs} runs completed, {steps} steps recorded")
-    seconds = last_end - first_claim
-    if watch.losses:
-        print(f"warning: the database connection was lost {watch.losses} time(s) during the round")
+    """``runs`` runs drained by ``workers`` processes of ``pool`` threads, started on the full queue."""
+    names = [f"bench-tp-{i}" for i in range(workers)]
+    round_ = fleet_round(runs, names, pool=pool, poll=poll, logdir=logdir)
+    seconds, losses = round_["seconds"], round_["connection_losses"]
+    if losses:
+        print(f"warning: the database connection was lost {losses} time(s) during the round")
     return {"runs": runs, "seconds": seconds, "runs_per_s": runs / seconds,
-            "steps_per_s": runs * STEPS_PER_RUN / seconds, "connection_losses": watch.losses}
+            "steps_per_s": runs * STEPS_PER_RUN / seconds, "connection_losses": losses}
 
 
 def dbos_python() -> tuple[Path | None, str]:

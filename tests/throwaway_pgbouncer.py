@@ -17,7 +17,6 @@ account (``pgbouncer -u``), which then owns the directory.
 """
 
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -26,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.throwaway import run_as, start_on_a_free_port
+
 USER = "postgres"
-_PORT_ATTEMPTS = 3  # another process may take the free port before PgBouncer binds it
 
 
 class PgBouncerUnavailable(RuntimeError):
@@ -56,12 +56,6 @@ def version() -> str:
     return done.stdout.splitlines()[0].strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ThrowawayPgBouncer:
     """``with ThrowawayPgBouncer("127.0.0.1", 5432) as bouncer:`` a running PgBouncer, gone afterwards."""
 
@@ -69,14 +63,9 @@ class ThrowawayPgBouncer:
         self.program = pgbouncer_program()
         self.target = (host or "127.0.0.1", int(port or 5432))
         self.pool_size = pool_size
-        self._account = None
-        if os.geteuid() == 0:
-            try:
-                self._account = pwd.getpwnam(USER)
-            except KeyError:
-                raise PgBouncerUnavailable(
-                    "PgBouncer does not run as root, and there is no 'postgres' account to run it as"
-                ) from None
+        self._account = run_as(USER, PgBouncerUnavailable(
+            "PgBouncer does not run as root, and there is no 'postgres' account to run it as"
+        ))
         self.directory: Path | None = None
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
@@ -89,20 +78,8 @@ class ThrowawayPgBouncer:
 
     def start(self) -> "ThrowawayPgBouncer":
         self.directory = Path(tempfile.mkdtemp(prefix="everystep-pgbouncer-"))
-        try:
-            (self.directory / "users.txt").write_text(f'"{USER}" ""\n')
-            for attempt in range(_PORT_ATTEMPTS):
-                self.port = _free_port()
-                self._write_ini()
-                try:
-                    self._launch()
-                    break
-                except PgBouncerFailed:
-                    if attempt == _PORT_ATTEMPTS - 1 or "Address already in use" not in self.log():
-                        raise
-        except BaseException:
-            self.stop()
-            raise
+        start_on_a_free_port(self, self._write_users, self._start_on, failure=PgBouncerFailed,
+                             port_taken=lambda: "Address already in use" in self.log())
         return self
 
     def restart(self) -> None:
@@ -144,6 +121,14 @@ class ThrowawayPgBouncer:
             return "(no log)"
 
     # ------------------------------------------------------------ internals
+
+    def _write_users(self) -> None:
+        (self.directory / "users.txt").write_text(f'"{USER}" ""\n')
+
+    def _start_on(self, port: int) -> None:
+        self.port = port
+        self._write_ini()
+        self._launch()
 
     def _write_ini(self) -> None:
         host, port = self.target

@@ -15,16 +15,15 @@ directory.
 import contextlib
 import datetime as dt
 import os
-import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.throwaway import run_as, start_on_a_free_port
+
 SUPERUSER = "postgres"
-_PORT_ATTEMPTS = 3  # another process may take the free port before the server binds it
 
 
 class PostgresUnavailable(RuntimeError):
@@ -61,26 +60,15 @@ def server_bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ThrowawayPostgres:
     """``with ThrowawayPostgres() as server:`` a running server, gone afterwards."""
 
     def __init__(self):
         self.bindir = server_bindir()
-        self._account = None
-        if os.geteuid() == 0:
-            try:
-                self._account = pwd.getpwnam(SUPERUSER)
-            except KeyError:
-                raise PostgresUnavailable(
-                    "PostgreSQL does not run as root, and there is no 'postgres' account to run "
-                    "the throwaway server as"
-                ) from None
+        self._account = run_as(SUPERUSER, PostgresUnavailable(
+            "PostgreSQL does not run as root, and there is no 'postgres' account to run "
+            "the throwaway server as"
+        ))
         self.directory: Path | None = None
         self.port: int | None = None
 
@@ -97,25 +85,8 @@ class ThrowawayPostgres:
     def start(self) -> "ThrowawayPostgres":
         """initdb, then start on a free port and wait until it accepts connections."""
         self.directory = Path(tempfile.mkdtemp(prefix="everystep-pg-"))
-        try:
-            if self._account is not None:
-                os.chown(self.directory, self._account.pw_uid, self._account.pw_gid)
-            self._pg("initdb", "-D", str(self.data), "-U", SUPERUSER, "-A", "trust", "-E", "UTF8",
-                     "--no-sync")
-            for attempt in range(_PORT_ATTEMPTS):
-                self.port = _free_port()
-                options = (f"-p {self.port} -c listen_addresses=127.0.0.1 "
-                           f"-c unix_socket_directories='{self.directory}'")
-                try:
-                    self._pg("pg_ctl", "start", "-D", str(self.data), "-l", str(self.logfile),
-                             "-w", "-t", "60", "-o", options)
-                    break
-                except ServerCommandFailed:
-                    if attempt == _PORT_ATTEMPTS - 1 or "could not bind" not in self._log_tail():
-                        raise
-        except BaseException:
-            self.stop()
-            raise
+        start_on_a_free_port(self, self._initdb, self._start_on, failure=ServerCommandFailed,
+                             port_taken=lambda: "could not bind" in self._log_tail())
         return self
 
     def restart(self) -> None:
@@ -165,6 +136,17 @@ class ThrowawayPostgres:
             return conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
 
     # ------------------------------------------------------------ internals
+
+    def _initdb(self) -> None:
+        if self._account is not None:
+            os.chown(self.directory, self._account.pw_uid, self._account.pw_gid)
+        self._pg("initdb", "-D", str(self.data), "-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--no-sync")
+
+    def _start_on(self, port: int) -> None:
+        self.port = port
+        options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{self.directory}'"
+        self._pg("pg_ctl", "start", "-D", str(self.data), "-l", str(self.logfile), "-w", "-t", "60",
+                 "-o", options)
 
     def _pg(self, program: str, *args: str) -> None:
         command = [str(self.bindir / program), *args]

@@ -1,6 +1,8 @@
 """Operator transitions on waiting runs: wake_now, stop, requeue, retry,
 resolve and the management commands."""
 
+import uuid
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -98,6 +100,12 @@ def test_the_commands_wake_a_run_and_send_an_event(capsys):
         call_command("everystep_send_event", str(waiter.id), "k", "--value", "{nope")
     with pytest.raises(CommandError, match="only a waiting run can be woken"):
         call_command("everystep_wake", str(waiter.id))
+
+
+def test_the_event_command_prints_the_refusal_of_a_missing_run():
+    missing = uuid.uuid4()
+    with pytest.raises(CommandError, match=f"run {missing} does not exist"):
+        call_command("everystep_send_event", str(missing), "k")
 
 
 def test_a_rerun_keeps_a_stopped_runs_wait_as_a_wait_not_as_an_uncertain_step():

@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep import operations
-from everystep.errors import EverystepError
+
+from ._runs import for_each_run, refusals_as_errors
 
 
 class Command(BaseCommand):
@@ -18,25 +19,10 @@ class Command(BaseCommand):
         if bool(run_ids) == (claimer is not None):
             raise CommandError("give either RUN_ID... or --claimer NAME (exactly one of them)")
         if claimer is not None:
-            try:
+            with refusals_as_errors():
                 ids = operations.requeue_claimer(claimer)
-            except EverystepError as exc:
-                raise CommandError(str(exc))
             for run_id in ids:
                 self.stdout.write(f"requeued {run_id}")
             self.stdout.write(f"{len(ids)} run(s) of {claimer!r} requeued")
             return
-        try:  # refuse a malformed id before changing anything
-            parsed = [operations.parse_run_id(run_id) for run_id in run_ids]
-        except EverystepError as exc:
-            raise CommandError(str(exc))
-        refused = []
-        for run_id in parsed:
-            try:
-                operations.requeue_run(run_id)
-            except EverystepError as exc:
-                refused.append(str(exc))
-            else:
-                self.stdout.write(f"requeued {run_id}")
-        if refused:
-            raise CommandError("\n".join(refused))
+        for_each_run(self, run_ids, operations.requeue_run, "requeued")

@@ -3,7 +3,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from everystep import waits
-from everystep.errors import EverystepError
+
+from ._runs import refusals_as_errors
 
 
 class Command(BaseCommand):
@@ -22,10 +23,8 @@ class Command(BaseCommand):
             decoded = json.loads(value)
         except ValueError as exc:
             raise CommandError(f"--value is not valid JSON: {exc}") from None
-        try:
+        with refusals_as_errors():
             stored = waits.send_event(run_id, key, decoded)
-        except EverystepError as exc:
-            raise CommandError(str(exc)) from None
         if stored:
             self.stdout.write(f"sent event {key!r} to {run_id}")
         else:

@@ -1,7 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+import functools
+
+from django.core.management.base import BaseCommand
 
 from everystep import operations
-from everystep.errors import EverystepError
+
+from ._runs import for_each_run
 
 
 class Command(BaseCommand):
@@ -14,17 +17,5 @@ class Command(BaseCommand):
         parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
 
     def handle(self, *, run_ids, **options):
-        try:  # refuse a malformed id before changing anything
-            parsed = [operations.parse_run_id(run_id) for run_id in run_ids]
-        except EverystepError as exc:
-            raise CommandError(str(exc))
-        refused = []
-        for run_id in parsed:
-            try:
-                operations.wake_now(run_id, actor="manage.py everystep_wake")
-            except EverystepError as exc:
-                refused.append(str(exc))
-            else:
-                self.stdout.write(f"woke {run_id}")
-        if refused:
-            raise CommandError("\n".join(refused))
+        wake = functools.partial(operations.wake_now, actor="manage.py everystep_wake")
+        for_each_run(self, run_ids, wake, "woke")
