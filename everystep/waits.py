@@ -354,6 +354,11 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
     from .scheduling import notify_scheduled
 
     now = now or timezone.now()
+    # The usual answer, nothing due, costs one read of the index's first entry
+    # (no transaction): every worker asks each poll interval.
+    first = _next_wake_at()
+    if first is None or first > now:
+        return 0, first
     skip_locked = database.connection().features.has_select_for_update_skip_locked
     woken = 0
     while True:
@@ -382,8 +387,14 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
                 notify_scheduled()
         if len(candidates) < batch:
             break
-    upcoming = Wait.objects.aggregate(at=Min("wake_at"))["at"]
-    return woken, upcoming
+    return woken, _next_wake_at()
+
+
+def _next_wake_at() -> dt.datetime | None:
+    """The earliest wake time of any wait (None: no run waits for a time)."""
+    from .models import Wait
+
+    return Wait.objects.aggregate(at=Min("wake_at"))["at"]
 
 
 def _due_candidates(now: dt.datetime, batch: int) -> list:

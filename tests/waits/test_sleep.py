@@ -207,3 +207,17 @@ def test_a_sleep_in_a_parallel_branch_makes_the_run_wait_and_the_fork_resumes_wh
     run = run_once(Workflow.objects.get(id=run.id))
     assert (run.status, list(run.result)) == ("completed", ["slept", "beside"])
     assert w.effects == {"slept": 1, "beside": 1}
+
+
+def test_a_look_with_nothing_due_is_one_query(django_assert_num_queries):
+    """Every worker looks for due runs each poll interval: with none due (the
+    usual answer) that is one read, outside a transaction."""
+    from everystep import database
+
+    run = sleeping_run(3600)
+    wake_at = Wait.objects.get(run=run).wake_at
+    with django_assert_num_queries(1, connection=database.connection()):
+        assert waits.wake_due(wake_at - dt.timedelta(seconds=1)) == (0, wake_at)
+    Wait.objects.all().delete()
+    with django_assert_num_queries(1, connection=database.connection()):
+        assert waits.wake_due() == (0, None)
