@@ -28,8 +28,10 @@ if "EVERYSTEP_BENCH_HEARTBEAT_INTERVAL" in os.environ:
 if "EVERYSTEP_BENCH_RECOVER_STALE_AFTER" in os.environ:
     EVERYSTEP_RECOVER_STALE_AFTER = float(os.environ["EVERYSTEP_BENCH_RECOVER_STALE_AFTER"])
 
-# Django's connection pool (psycopg-pool): a worker's pool threads close their
-# connection after each run, which then returns it to the pool instead of
-# paying for a new PostgreSQL connection (about 10 ms here) on the next run.
-if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+# Django's connection pool (psycopg-pool), as the figures before December 2026
+# were measured: then a worker's pool threads closed their connection after each
+# run, and the pool saved the next run a new PostgreSQL connection (about 10 ms
+# here). The threads keep their connection now; EVERYSTEP_BENCH_POOL=0 measures
+# without the pool (a plain DATABASES setting).
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("EVERYSTEP_BENCH_POOL") != "0":
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": 40}

@@ -191,8 +191,15 @@ def _write_libpq(conn, statement: _Libpq, values: list[str | None]) -> int | Non
     pg = _autocommit_psycopg(conn)
     if pg is None:
         return None
-    with _pooler_hint():
+    try:
         return _execute_libpq(conn, pg, statement, values)
+    except Exception:
+        # psycopg's errors become Django's, as on the cursor path (the wrapper
+        # also marks the connection for a check), with the pooler hint; built
+        # on the way out only, as a statement's wrappers cost about as much
+        # as the rest of its Python.
+        with _pooler_hint(), conn.wrap_database_errors:
+            raise
 
 
 def _json_text(encoded) -> str | None:
@@ -214,18 +221,19 @@ _JSON_SCALARS = frozenset(_SCALAR_TEXT)
 
 def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
     """The psycopg connection under Django's, when it is in autocommit; else None."""
-    conn.ensure_connection()
     pg = conn.connection
+    if pg is None:
+        conn.ensure_connection()
+        pg = conn.connection
     return pg if pg.autocommit else None
 
 
 def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: list[str | None]) -> int:
     """Execute ``statement`` (prepared on this connection first if need be); the
-    rows written. Errors are psycopg's, as the cursor path raises them, turned
-    into Django's by its wrapper (which also marks the connection for a check)."""
+    rows written. Errors are psycopg's, as the cursor path raises them."""
     errors, pq = _psycopg()
     params = [None if value is None else value.encode() for value in values]
-    with conn.wrap_database_errors, pg.lock:
+    with pg.lock:
         pgconn = pg.pgconn
         prepared = getattr(conn, "_everystep_libpq", None)
         if prepared is None or prepared[0] is not pg:
