@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connections
+
 from .errors import EverystepError
 
 MAX_STEP_ID_LENGTH = 300
@@ -54,6 +56,18 @@ class RunState:
         self.database = "default"
         self.prepared_statements = True
         self._lock = threading.Lock()
+        self._connections: dict[threading.Thread, Any] = {}  # see connection()
+
+    def connection(self):
+        """This thread's connection to everystep's database. Looked up once per
+        thread of the run (its body, each ``parallel`` branch): Django's lookup
+        follows async contexts, and costs microseconds per step. By thread
+        object, not ident: a branch thread's ident may be reused by a later one."""
+        thread = threading.current_thread()
+        conn = self._connections.get(thread)
+        if conn is None:
+            conn = self._connections[thread] = connections[self.database]
+        return conn
 
     def halt_with(self, exc: BaseException):
         with self._lock:

@@ -328,7 +328,7 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
     """One statement records the step and fences it on the run's owner."""
     state = row.state
     recorded = statements.insert_step(
-        state.database,
+        state.connection(),
         state.workflow_id,
         state.claimer,
         row.step_id,

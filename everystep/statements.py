@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.utils import timezone
 
 from . import database, serde
@@ -40,12 +40,12 @@ FINISH_RUN = (
 
 
 def insert_step(
-    using: str, run_id, claimer: str, step_id: str, name: str, status: str, *, args, kwargs, result,
+    conn, run_id, claimer: str, step_id: str, name: str, status: str, *, args, kwargs, result,
     error, prepared: bool,
 ) -> bool:
     """Record a step whose values are already ``serde``-encoded; False if fenced out.
-    ``using``: everystep's database alias, read once per run by the runner."""
-    conn = connections[using]
+    ``conn``: this thread's connection to everystep's database (the runner
+    looks it up once per thread and run: :meth:`RunState.connection`)."""
     if prepared and conn.vendor == "postgresql":
         run_text = str(run_id)
         values = [run_text, step_id, name, _json_text(args), _json_text(kwargs), status,

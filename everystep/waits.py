@@ -239,7 +239,7 @@ def _record_started(state, step_id: str, name: str, args: list, params: dict) ->
         recorded = runner._guarded_db(
             state,
             lambda: statements.insert_step(
-                state.database, state.workflow_id, state.claimer, step_id, name, StepStatus.STARTED,
+                state.connection(), state.workflow_id, state.claimer, step_id, name, StepStatus.STARTED,
                 args=serde.encode(args), kwargs=serde.encode(params), result=None, error=None,
                 prepared=state.prepared_statements,
             ),

@@ -96,7 +96,7 @@ def autocommit_postgresql():
 
 def insert(run_id, step_id: str, *, claimer: str = CLAIMER, result=None) -> bool:
     return statements.insert_step(
-        database.alias(), run_id, claimer, step_id, "a.b", "done", args=serde.encode([VALUE]),
+        database.connection(), run_id, claimer, step_id, "a.b", "done", args=serde.encode([VALUE]),
         kwargs={}, result=serde.encode(result), error=None, prepared=True,
     )
 
