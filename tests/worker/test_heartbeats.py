@@ -159,7 +159,7 @@ def test_the_step_hot_path_sends_no_more_statements_than_before(tmp_path, start_
 
     connection_created.connect(install)
     try:
-        start_worker(name="counted", pool_size=1, heartbeat_interval=0.05, recover_stale_after=None)
+        worker = start_worker(name="counted", pool_size=1, heartbeat_interval=0.05, recover_stale_after=None)
         log = str(tmp_path / "log")
         setup = []  # per run: what the pool thread's new connection asked the server first
         for steps in (3, 6):
@@ -170,6 +170,9 @@ def test_the_step_hot_path_sends_no_more_statements_than_before(tmp_path, start_
                 what="the heartbeat to report a step of the run",
             )
             wait_for(lambda: row(run).status == S.COMPLETED, what="the run to complete")  # noqa: B023
+            # The pool thread's claim of a next run comes after the run's end; the
+            # slot is handed back once that claim found nothing.
+            wait_for(lambda: not worker._inflight, what="the pool thread to claim again and free its slot")
             on_run_thread = [sql for thread, sql in sent if thread.startswith("everystep-run")]
             # (MariaDB/MySQL: Django reads the server's version once per thread and
             # sets the isolation level once per connection.)
