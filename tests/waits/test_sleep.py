@@ -190,11 +190,15 @@ def test_only_the_due_runs_are_woken_and_the_next_wake_time_is_reported():
 def test_a_run_waiting_anew_for_a_later_time_is_not_woken_by_its_old_wake_time():
     run = sleeping_run(60)
     old = Wait.objects.get(run=run)
-    # Between a waker's read and its lock, the run woke and waits again, later:
-    # the waker's read is stale.
+    # Between a waker's reads and its lock, the run woke and waits again, later:
+    # the waker's reads (the earliest wake time, then the due runs) are stale.
     Wait.objects.filter(id=old.id).update(wake_at=old.wake_at + LATER)
-    with mock.patch.object(waits, "_due_candidates", return_value=[run.id]):
-        assert waits.wake_due(old.wake_at + dt.timedelta(seconds=1))[0] == 0
+    stale, real = iter([old.wake_at]), waits._next_wake_at
+    with (
+        mock.patch.object(waits, "_next_wake_at", side_effect=lambda: next(stale, None) or real()),
+        mock.patch.object(waits, "_due_candidates", return_value=[run.id]),
+    ):
+        assert waits.wake_due(old.wake_at + dt.timedelta(seconds=1)) == (0, old.wake_at + LATER)
     assert Workflow.objects.get(id=run.id).status == "waiting"
     assert Wait.objects.get(run=run).wake_at == old.wake_at + LATER
 
