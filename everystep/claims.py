@@ -75,12 +75,40 @@ def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
 
 
 def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
+    prepared = statements.prepared_statements()
+    if prepared:
+        # Through libpq, as a step's insert: a worker's pool thread claims once per run.
+        excluded = "{" + ",".join(str(run_id) for run_id in exclude) + "}"
+        if skip_names:
+            values = [claimer, excluded, _text_array(skip_names), str(limit)]
+            rows = statements.fetch_libpq(conn, _CLAIM_UNLIMITED_LIBPQ, values)
+        else:
+            rows = statements.fetch_libpq(conn, _CLAIM_LIBPQ, [claimer, excluded, str(limit)])
+        if rows is not None:
+            return [_run_from_row(conn, row) for row in rows]
     if skip_names:
         sql, params = POSTGRESQL_UNLIMITED, [claimer, list(exclude), skip_names, limit]
     else:
         sql, params = POSTGRESQL, [claimer, list(exclude), limit]
-    rows = statements.execute(conn, sql, params, statements.prepared_statements(), fetch=True)
+    rows = statements.execute(conn, sql, params, prepared, fetch=True)
     return [_run_from_row(conn, row) for row in rows]
+
+
+_CLAIM_LIBPQ = statements.Libpq(
+    "everystep_claim", POSTGRESQL, [statements.TEXT, statements.UUID_ARRAY, statements.INT8]
+)
+_CLAIM_UNLIMITED_LIBPQ = statements.Libpq(
+    "everystep_claim_unlimited",
+    POSTGRESQL_UNLIMITED,
+    [statements.TEXT, statements.UUID_ARRAY, statements.TEXT_ARRAY, statements.INT8],
+)
+
+
+def _text_array(items) -> str:
+    """A PostgreSQL text[] literal: each element double-quoted, its quotes and
+    backslashes escaped (a workflow's name may hold any character)."""
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"
 
 
 def _claim_sqlite(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:

@@ -163,7 +163,7 @@ def _lost_prepared_statement(exc: DatabaseError) -> bool:
 # handles that case (and the setting turning prepared statements off).
 
 
-class _Libpq:
+class Libpq:
     """A statement prepared under ``name`` with its parameters' type OIDs."""
 
     def __init__(self, name: str, sql: str, types: list[int]):
@@ -175,19 +175,39 @@ class _Libpq:
         self.name, self.sql, self.types = name.encode(), numbered.encode(), types
 
 
-_UUID, _TEXT, _JSONB, _TIMESTAMPTZ = 2950, 25, 3802, 1184
-_INSERT_STEP_LIBPQ = _Libpq(
+# Parameter type OIDs (pg_type): what each text value is read as.
+UUID, TEXT, JSONB, TIMESTAMPTZ, INT8, UUID_ARRAY, TEXT_ARRAY = 2950, 25, 3802, 1184, 20, 2951, 1009
+_INSERT_STEP_LIBPQ = Libpq(
     "everystep_insert_step", INSERT_STEP,
-    [_UUID, _TEXT, _TEXT, _JSONB, _JSONB, _TEXT, _JSONB, _JSONB, _UUID, _TEXT],
+    [UUID, TEXT, TEXT, JSONB, JSONB, TEXT, JSONB, JSONB, UUID, TEXT],
 )
-_FINISH_RUN_LIBPQ = _Libpq(
-    "everystep_finish_run", FINISH_RUN, [_TEXT, _JSONB, _JSONB, _TIMESTAMPTZ, _UUID, _TEXT]
+_FINISH_RUN_LIBPQ = Libpq(
+    "everystep_finish_run", FINISH_RUN, [TEXT, JSONB, JSONB, TIMESTAMPTZ, UUID, TEXT]
 )
 
 
-def _write_libpq(conn, statement: _Libpq, values: list[str | None]) -> int | None:
+def _write_libpq(conn, statement: Libpq, values: list[str | None]) -> int | None:
     """The rows ``statement`` wrote, sent through libpq; None when ``conn`` is
     in a transaction (the caller then takes the cursor path)."""
+    result = _send_libpq(conn, statement, values)
+    return None if result is None else int(result.command_tuples or 0)
+
+
+def fetch_libpq(conn, statement: Libpq, values: list[str | None]) -> list[tuple] | None:
+    """The rows ``statement`` returned, sent through libpq and loaded by the
+    connection's own loaders (as a psycopg cursor loads them); None when
+    ``conn`` is in a transaction (the caller then takes the cursor path)."""
+    result = _send_libpq(conn, statement, values)
+    if result is None:
+        return None
+    from psycopg.adapt import Transformer
+
+    loader = Transformer(conn.connection)
+    loader.set_pgresult(result)
+    return loader.load_rows(0, result.ntuples, tuple)
+
+
+def _send_libpq(conn, statement: Libpq, values: list[str | None]):
     pg = _autocommit_psycopg(conn)
     if pg is None:
         return None
@@ -228,9 +248,9 @@ def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
     return pg if pg.autocommit else None
 
 
-def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: list[str | None]) -> int:
-    """Execute ``statement`` (prepared on this connection first if need be); the
-    rows written. Errors are psycopg's, as the cursor path raises them."""
+def _execute_libpq(conn, pg: "psycopg.Connection", statement: Libpq, values: list[str | None]):
+    """Execute ``statement`` (prepared on this connection first if need be); its
+    result. Errors are psycopg's, as the cursor path raises them."""
     errors, pq = _psycopg()
     params = [None if value is None else value.encode() for value in values]
     with pg.lock:
@@ -243,8 +263,8 @@ def _execute_libpq(conn, pg: "psycopg.Connection", statement: _Libpq, values: li
                 _prepare(pgconn, statement, pg.info.encoding)
                 prepared[1].add(statement.name)
             result = pgconn.exec_prepared(statement.name, params)
-            if result.status == pq.ExecStatus.COMMAND_OK:
-                return int(result.command_tuples or 0)
+            if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+                return result
             error = _error(pgconn, result, pg.info.encoding)
             if isinstance(error, errors.InvalidSqlStatementName) and attempt == 1:
                 prepared[1].discard(statement.name)  # deallocated behind our back (DISCARD ALL)
@@ -262,7 +282,7 @@ def _psycopg():
     return errors, pq
 
 
-def _prepare(pgconn, statement: _Libpq, encoding: str) -> None:
+def _prepare(pgconn, statement: Libpq, encoding: str) -> None:
     errors, pq = _psycopg()
 
     result = pgconn.prepare(statement.name, statement.sql, statement.types)

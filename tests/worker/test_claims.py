@@ -154,3 +154,16 @@ def test_a_claim_says_which_runs_have_recorded_steps():
         assert not any(hasattr(run, "has_steps") for run in claimed.values())
     else:
         assert (bool(claimed[fresh.id].has_steps), bool(claimed[resumed.id].has_steps)) == (False, True)
+
+
+@pytest.mark.django_db
+def test_the_limited_workflows_names_reach_the_claim_whatever_their_characters():
+    """The claim passing over limited workflows gets their names as one text[]
+    literal (the libpq path sends text): quotes, backslashes, commas, braces and
+    spaces arrive as they were."""
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the text[] literal is PostgreSQL's")
+    names = ["shop.flows.a", 'we"ird', "back\\slash", "com,ma", "{brace}", "sp ace", "NULL", ""]
+    with database.connection().cursor() as cursor:
+        cursor.execute("SELECT %s::text[]", [claims._text_array(names)])
+        assert cursor.fetchone()[0] == names
