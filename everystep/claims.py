@@ -43,16 +43,15 @@ _RETURNING = (
 
 # The excluded ids go as one array, so that the statement text, and with it
 # the prepared plan, is the same whatever a worker has in flight.
-POSTGRESQL = (
+_POSTGRESQL = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
-    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) "
-    f"ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) {_RETURNING}"
+    "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) {names}"
+    "ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) {returning}"
 )
+POSTGRESQL = _POSTGRESQL.format(names="", returning=_RETURNING)
 # The same, passing over the workflows that have a concurrency limit (claimed
 # by everystep.limits under their lock): one more array, the same plan shape.
-POSTGRESQL_UNLIMITED = POSTGRESQL.replace(
-    "id <> ALL(%s::uuid[]) ", "id <> ALL(%s::uuid[]) AND name <> ALL(%s::text[]) "
-)
+POSTGRESQL_UNLIMITED = _POSTGRESQL.format(names="AND name <> ALL(%s::text[]) ", returning=_RETURNING)
 # The excluded ids are spliced in as placeholders: SQLite has no arrays.
 SQLITE = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
