@@ -157,7 +157,9 @@ def test_payload_pages_in_chromium(tmp_path):
 
 
 def test_ceiling_next_to_pgbench(tmp_path):
-    figures = figures_of(tmp_path, "ceiling.py", "--runs", "5", "--rounds", "1", "--seconds", "1",
+    # Enough runs for the workers' CPU time to span several clock ticks (/proc counts
+    # in 10 ms units): 5 runs took less than one tick on a quiet machine.
+    figures = figures_of(tmp_path, "ceiling.py", "--runs", "60", "--rounds", "1", "--seconds", "1",
                          "--curve", "1x1,1x2", "--fleet", "1x2")
     assert set(figures["pgbench_tps"]) == {"1", "2"} and all(v > 0 for v in figures["pgbench_tps"].values())
     assert set(figures["curve"]) == {"1x1", "1x2"}
