@@ -78,30 +78,17 @@ CHECK_IDLE_AFTER = 1.0
 
 
 def keep_for_next_run() -> None:
-    """At the end of a run on a worker's pool thread: keep this thread's
-    connection to everystep's database if it is fit for the next run (in
-    autocommit, outside a transaction, usable); the thread's other connections
-    follow Django's rule at the end of a request (``CONN_MAX_AGE``)."""
+    """At the end of a run on a worker's pool thread: Django's rule at the end
+    of a request for each of the thread's connections (one left changed by a
+    step, or broken, is closed; ``CONN_MAX_AGE``), except that the connection
+    to everystep's database has no maximum age: it is kept for the next run."""
     engine = alias()
     for conn in connections.all(initialized_only=True):
-        if conn.alias == engine and _fit_for_reuse(conn):
+        if conn.alias == engine:
+            conn.close_at = None
+        conn.close_if_unusable_or_obsolete()
+        if conn.alias == engine and conn.connection is not None:
             conn.everystep_idle_since = time.monotonic()
-        elif conn.alias == engine:
-            conn.close()
-        else:
-            conn.close_if_unusable_or_obsolete()
-
-
-def _fit_for_reuse(conn) -> bool:
-    if conn.connection is None or conn.in_atomic_block:
-        return False
-    if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
-        return False  # a step left it changed
-    if conn.errors_occurred:  # Django's own test at a request's end
-        if not conn.is_usable():
-            return False
-        conn.errors_occurred = False
-    return True
 
 
 def ready_for_run() -> None:

@@ -504,13 +504,12 @@ class Worker:
         worker is stopping; the slot is handed over under the lock, so the claim
         loop never counts it free meanwhile (the worker holds at most
         ``pool_size`` runs). None: nothing to claim, the slot is free."""
+        successor = None
         if self._stopping:  # no next run here: a run outliving the drain closes its own
             connections.close_all()  # this thread's connections only
         else:
             with contextlib.suppress(DatabaseError):  # at worst, the next run reconnects
                 database.keep_for_next_run()
-        successor = None
-        if not self._stopping:
             with self._lock:
                 in_flight = list(self._inflight)
             try:
