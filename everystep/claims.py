@@ -46,12 +46,13 @@ _RETURNING = (
 _POSTGRESQL = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
     "SELECT id FROM everystep_workflow WHERE status = 'scheduled' AND id <> ALL(%s::uuid[]) {names}"
-    "ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED) {returning}"
+    "ORDER BY created_at LIMIT {limit} FOR UPDATE SKIP LOCKED) {returning}"
 )
-POSTGRESQL = _POSTGRESQL.format(names="", returning=_RETURNING)
-# The same, passing over the workflows that have a concurrency limit (claimed
-# by everystep.limits under their lock): one more array, the same plan shape.
-POSTGRESQL_UNLIMITED = _POSTGRESQL.format(names="AND name <> ALL(%s::text[]) ", returning=_RETURNING)
+# Passing over the workflows that have a concurrency limit (claimed by
+# everystep.limits under their lock): one more array, the same plan shape.
+_SKIP_NAMES = "AND name <> ALL(%s::text[]) "
+POSTGRESQL = _POSTGRESQL.format(names="", limit="%s", returning=_RETURNING)
+POSTGRESQL_UNLIMITED = _POSTGRESQL.format(names=_SKIP_NAMES, limit="%s", returning=_RETURNING)
 # The excluded ids are spliced in as placeholders: SQLite has no arrays.
 SQLITE = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
@@ -77,12 +78,12 @@ def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> li
     prepared = statements.prepared_statements()
     if prepared:
         # Through libpq, as a step's insert: a worker's pool thread claims once per run.
-        excluded = "{" + ",".join(str(run_id) for run_id in exclude) + "}"
+        values = [claimer, "{" + ",".join(str(run_id) for run_id in exclude) + "}"]
         if skip_names:
-            values = [claimer, excluded, _text_array(skip_names), str(limit)]
-            rows = statements.fetch_libpq(conn, _CLAIM_UNLIMITED_LIBPQ, values)
-        else:
-            rows = statements.fetch_libpq(conn, _CLAIM_LIBPQ, [claimer, excluded, str(limit)])
+            values.append(_text_array(skip_names))
+        if limit != 1:
+            values.append(str(limit))
+        rows = statements.fetch_libpq(conn, _CLAIMS_LIBPQ[bool(skip_names), limit == 1], values)
         if rows is not None:
             return [_run_from_row(conn, row) for row in rows]
     if skip_names:
@@ -93,14 +94,29 @@ def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> li
     return [_run_from_row(conn, row) for row in rows]
 
 
-_CLAIM_LIBPQ = statements.Libpq(
-    "everystep_claim", POSTGRESQL, [statements.TEXT, statements.UUID_ARRAY, statements.INT8]
-)
-_CLAIM_UNLIMITED_LIBPQ = statements.Libpq(
-    "everystep_claim_unlimited",
-    POSTGRESQL_UNLIMITED,
-    [statements.TEXT, statements.UUID_ARRAY, statements.TEXT_ARRAY, statements.INT8],
-)
+def _claim_libpq(*, skip_names: bool, one: bool) -> statements.Libpq:
+    """The claim prepared for libpq. A claim of one run (a pool thread's next
+    run, the common case) has ``LIMIT 1`` in its text: with the limit as a
+    parameter, PostgreSQL plans the statement again at every execution (a
+    generic plan, not knowing the limit, never costs less than the custom
+    ones), about 0.2 ms of the server's time per claim."""
+    types = [statements.TEXT, statements.UUID_ARRAY]
+    if skip_names:
+        types.append(statements.TEXT_ARRAY)
+    if not one:
+        types.append(statements.INT8)
+    sql = _POSTGRESQL.format(
+        names=_SKIP_NAMES if skip_names else "", limit="1" if one else "%s", returning=_RETURNING
+    )
+    name = "everystep_claim" + ("_unlimited" if skip_names else "") + ("_one" if one else "")
+    return statements.Libpq(name, sql, types)
+
+
+_CLAIMS_LIBPQ = {
+    (skip_names, one): _claim_libpq(skip_names=skip_names, one=one)
+    for skip_names in (False, True)
+    for one in (False, True)
+}
 
 
 def _text_array(items) -> str:

@@ -116,9 +116,10 @@ def test_one_round_trip_on_postgresql():
     if database.connection().vendor != "postgresql":
         pytest.skip("the prepared claim is PostgreSQL's")
     args = [{"day": datetime.date(2026, 12, 2)}, (1, 2)]
-    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=args) for _ in range(4))
-    # The first claim on a connection (for each parameter type) also prepares the statement.
-    claims.claim_runs("w0", 1, exclude=[uuid.uuid4()])
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=args) for _ in range(5))
+    # The first claim of a batch on a connection also prepares the statement
+    # (a claim of one run has a statement of its own).
+    claims.claim_runs("w0", 2, exclude=[uuid.uuid4()])
     pgconn = database.connection().connection.pgconn
     with tempfile.TemporaryFile("w+") as trace:
         pgconn.trace(trace.fileno())  # libpq's log of every protocol message
@@ -167,3 +168,27 @@ def test_the_limited_workflows_names_reach_the_claim_whatever_their_characters()
     with database.connection().cursor() as cursor:
         cursor.execute("SELECT %s::text[]", [claims._text_array(names)])
         assert cursor.fetchone()[0] == names
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_of_one_run_is_planned_once_per_connection():
+    """A pool thread claims its next run alone, once per run. With the limit as
+    a parameter, PostgreSQL would plan that prepared claim again at every
+    execution (pg_prepared_statements counts each custom plan); with LIMIT 1 in
+    its text, it settles on one generic plan after its first five. The table
+    is analyzed, as autovacuum does: with statistics of a queue of a thousand
+    runs, a generic plan with the limit unknown costs more than the custom ones."""
+    if database.connection().vendor != "postgresql":
+        pytest.skip("PostgreSQL's plan cache")
+    Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[]) for _ in range(1000))
+    with database.connection().cursor() as cursor:
+        cursor.execute("ANALYZE everystep_workflow")
+    for _ in range(12):
+        assert len(claims.claim_runs("w1", 1)) == 1
+    with database.connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'UPDATE everystep_workflow SET status = ''running''%%'"
+        )
+        (generic, custom), *others = cursor.fetchall()
+    assert others == [] and custom <= 5 and generic >= 7
