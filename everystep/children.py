@@ -193,12 +193,15 @@ def wake_waiters(child_id) -> int:
     return sum(waits.wake(run_id, kind=WAIT_KIND, key=key) for run_id in waiters)
 
 
-def finisher(run):
+def finisher(run, plain=None):
     """The transition that ends ``run``: :func:`finish_child` for a child
-    (told by its idempotency key, without a query), else ``operations.finish_run``."""
+    (told by its idempotency key, without a query), else ``plain`` (by
+    default ``operations.finish_run``)."""
     from . import operations
 
-    return finish_child if is_child_key(run.idempotency_key) else operations.finish_run
+    if is_child_key(run.idempotency_key):
+        return finish_child
+    return plain or operations.finish_run
 
 
 def finish_child(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:

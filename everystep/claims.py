@@ -26,10 +26,15 @@ started under that name.
 """
 
 import functools
+import logging
 from collections.abc import Callable
+
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from . import database, limits, registry, statements
 from .models import Workflow
+
+logger = logging.getLogger("everystep")
 
 Status = Workflow.Status
 
@@ -78,7 +83,7 @@ def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> li
     prepared = statements.prepared_statements()
     if prepared:
         # Through libpq, as a step's insert: a worker's pool thread claims once per run.
-        values = [claimer, "{" + ",".join(str(run_id) for run_id in exclude) + "}"]
+        values = [claimer, _uuid_array(exclude)]
         if skip_names:
             values.append(_text_array(skip_names))
         if limit != 1:
@@ -117,6 +122,78 @@ _CLAIMS_LIBPQ = {
     for skip_names in (False, True)
     for one in (False, True)
 }
+
+
+# ------------------------------------------------------------ a run's end and the next claim
+
+# A pool thread ends its run, then claims its slot's next one: on PostgreSQL
+# both go as one statement, so one round trip and one commit per run fewer.
+# The two updates never touch the same row: the ending run is ``running`` (and
+# excluded), the claim takes a ``scheduled`` one. Its one row says whether the
+# end matched, then holds the claimed run (NULLs when the queue was empty).
+FINISH_AND_CLAIM = (
+    f"WITH ended AS ({statements.FINISH_RUN} RETURNING 1), "
+    f"claimed AS ({_POSTGRESQL.format(names='', limit='1', returning=_RETURNING)}) "
+    "SELECT (SELECT count(*) FROM ended), claimed.* FROM (VALUES (1)) AS one LEFT JOIN claimed ON true"
+)
+_FINISH_AND_CLAIM_LIBPQ = statements.Libpq(
+    "everystep_finish_and_claim",
+    FINISH_AND_CLAIM,
+    [statements.TEXT, statements.JSONB, statements.JSONB, statements.TIMESTAMPTZ, statements.UUID,
+     statements.TEXT, statements.TEXT, statements.UUID_ARRAY],
+)
+
+
+class NextClaim:
+    """A pool thread's claim of its next run, sent with the end of the run it
+    has: :meth:`finish` stands in for ``operations.finish_run``. It claims
+    only on PostgreSQL with no concurrency limit declared (their claim takes
+    a lock first), and only while ``exclude()`` gives the runs to pass over
+    (None: the worker is stopping). ``runs``: what it claimed, or None when it
+    did not claim, and the thread claims as usual."""
+
+    def __init__(self, claimer: str, exclude: Callable[[], list | None]):
+        self.claimer, self.exclude = claimer, exclude
+        self.runs: list[Workflow] | None = None
+
+    def finish(self, run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
+        from .operations import finish_run
+
+        conn = database.connection()
+        exclude = None
+        if conn.vendor == "postgresql" and not registry.concurrency_limits():
+            exclude = self.exclude()
+        if exclude is None:
+            return finish_run(run_id, claimer, status, result=result, error=error)
+        try:
+            row = _finish_and_claim(conn, run_id, claimer, status, result, error, exclude)
+        except (OperationalError, InterfaceError):
+            raise  # the connection: the caller reconnects and ends the run again
+        except DatabaseError as exc:
+            # The claim must never cost a run its end: end it alone.
+            logger.warning("run %s: its end with the next claim failed (%s); ending it alone", run_id, exc)
+            return finish_run(run_id, claimer, status, result=result, error=error)
+        ended, *claimed = row
+        self.runs = [] if claimed[0] is None else [_run_from_row(conn, claimed)]
+        return ended == 1
+
+
+def _finish_and_claim(conn, run_id, claimer: str, status: str, result, error, exclude) -> tuple:
+    prepared = statements.prepared_statements()
+    if prepared:
+        values = statements.end_values(conn, run_id, claimer, status, result, error, text=True)
+        values += [claimer, _uuid_array(exclude)]
+        rows = statements.fetch_libpq(conn, _FINISH_AND_CLAIM_LIBPQ, values)
+        if rows is not None:
+            return rows[0]
+    params = statements.end_values(conn, run_id, claimer, status, result, error, text=False)
+    params += [claimer, list(exclude)]
+    return statements.execute(conn, FINISH_AND_CLAIM, params, prepared, fetch=True)[0]
+
+
+def _uuid_array(ids) -> str:
+    """A PostgreSQL uuid[] literal (a uuid's text needs no quoting)."""
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def _text_array(items) -> str:

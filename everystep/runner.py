@@ -52,7 +52,12 @@ observer = observability.observer
 
 
 def execute(
-    run, claimer: str, *, leave_check: Callable | None = None, watch: Callable | None = None
+    run,
+    claimer: str,
+    *,
+    leave_check: Callable | None = None,
+    watch: Callable | None = None,
+    finish: Callable | None = None,
 ) -> str | None:
     """Replay ``run`` (claimed by ``claimer``) and record how it ended.
 
@@ -61,27 +66,36 @@ def execute(
     ``leave_check()`` is asked at every step boundary; returning a
     ``DrainOrphan`` makes the run leave this worker there. ``watch(state)`` is
     called with the run's :class:`RunState` before the body starts (the
-    worker's heartbeat reads its executing steps).
+    worker's heartbeat reads its executing steps). ``finish`` ends the run in
+    place of ``operations.finish_run``, with the same arguments and result
+    (a child's end stays its own): the worker's next claim goes with it.
     """
     if observer is not None:
-        return observer.run(run, claimer, _replay, leave_check, watch)
-    return _replay(run, claimer, leave_check, watch)
+        return observer.run(run, claimer, _replay, leave_check, watch, finish)
+    return _replay(run, claimer, leave_check, watch, finish)
 
 
-def _replay(run, claimer: str, leave_check: Callable | None, watch: Callable | None = None) -> str | None:
+def _replay(
+    run,
+    claimer: str,
+    leave_check: Callable | None,
+    watch: Callable | None = None,
+    finish: Callable | None = None,
+) -> str | None:
     spec = registry.get_workflow(run.name)
     if spec is None:
         failure = registry.import_failure(run.name)
         if failure is not None:
             # Its module raised on import: that error is the cause, not a rename.
             error = {**serde.encode_exception(failure.exception), "where": failure.where}
-            return _end(run, claimer, Status.FAILED, exc=failure.exception, error=error)
+            return _end(run, claimer, Status.FAILED, exc=failure.exception, error=error, finish=finish)
         error = EverystepError(
             f"run {run.id}: no @workflow is registered as {run.name!r} (was it renamed or "
             "removed?). Deploy the code that defines it, then retry the run."
         )
-        return _end(run, claimer, Status.FAILED, exc=error)
+        return _end(run, claimer, Status.FAILED, exc=error, finish=finish)
     state = RunState(run.id, run.name, claimer, leave_check)
+    state.finish = finish
     # Read once per run, not per step: settings lookups are not free.
     state.database = database.alias()
     state.prepared_statements = statements.prepared_statements()
@@ -131,32 +145,40 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
         database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
     if isinstance(outcome, Terminal):
-        return _end(run, state.claimer, Status.STOPPED, exc=outcome)
+        return _end(run, state.claimer, Status.STOPPED, exc=outcome, finish=state.finish)
     if isinstance(outcome, EffectUncertain):
-        return _end(run, state.claimer, Status.BLOCKED, exc=outcome)
+        return _end(run, state.claimer, Status.BLOCKED, exc=outcome, finish=state.finish)
     if outcome is not None:
         if state.engine_error is not None:
             logger.error("run %s: engine error while recording: %r", run.id, outcome)
-        return _end(run, state.claimer, Status.FAILED, exc=outcome)
+        return _end(run, state.claimer, Status.FAILED, exc=outcome, finish=state.finish)
     try:
         serde.encode(value)
     except EverystepError as exc:
         error = EverystepError(
             f"run {run.id}: the workflow's return value is not serializable: {exc}"
         )
-        return _end(run, state.claimer, Status.FAILED, exc=error)
-    return _end(run, state.claimer, Status.COMPLETED, result=value)
+        return _end(run, state.claimer, Status.FAILED, exc=error, finish=state.finish)
+    return _end(run, state.claimer, Status.COMPLETED, result=value, finish=state.finish)
 
 
 def _end(
-    run, claimer, status, *, result=None, exc: BaseException | None = None, error: dict | None = None
+    run,
+    claimer,
+    status,
+    *,
+    result=None,
+    exc: BaseException | None = None,
+    error: dict | None = None,
+    finish: Callable | None = None,
 ) -> str | None:
     """End the run; ``error`` is the stored form of ``exc`` when it needs more than its encoding."""
 
     if error is None and exc is not None:
         error = serde.encode_exception(exc)
     # A child's end also wakes its waiting parent; only a child pays for that.
-    if database.reconnecting(children.finisher(run), run.id, claimer, status, result=result, error=error):
+    ending = children.finisher(run, finish)
+    if database.reconnecting(ending, run.id, claimer, status, result=result, error=error):
         if status == Status.FAILED and observer is not None:
             observer.run_failed(run, claimer, exc)  # once: only one guarded update matches
         return status

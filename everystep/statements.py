@@ -78,16 +78,25 @@ def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
 def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) -> bool:
     """``running`` under ``claimer`` -> ``status``; False if the run moved on."""
     conn = database.connection()
-    stored_result = None if result is None else serde.encode(result)
-    stored_error = None if error is None else serde.encode(error)
     prepared = prepared_statements()
     if prepared and conn.vendor == "postgresql":
-        values = [status, _json_text(stored_result), _json_text(stored_error), timezone.now().isoformat(),
-                  str(run_id), claimer]
+        values = end_values(conn, run_id, claimer, status, result, error, text=True)
         written = _write_libpq(conn, _FINISH_RUN_LIBPQ, values)
         if written is not None:
             return written == 1
-    params = [
+    params = end_values(conn, run_id, claimer, status, result, error, text=False)
+    return execute(conn, FINISH_RUN, params, prepared) == 1
+
+
+def end_values(conn, run_id, claimer: str, status: str, result, error, *, text: bool) -> list:
+    """The parameters of :data:`FINISH_RUN`: as libpq's text (``text``), or
+    adapted for a cursor. ``result`` and ``error`` are not encoded yet."""
+    stored_result = None if result is None else serde.encode(result)
+    stored_error = None if error is None else serde.encode(error)
+    if text:
+        return [status, _json_text(stored_result), _json_text(stored_error), timezone.now().isoformat(),
+                str(run_id), claimer]
+    return [
         status,
         json_param(conn, stored_result),
         json_param(conn, stored_error),
@@ -95,7 +104,6 @@ def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) ->
         uuid_param(conn, run_id),
         claimer,
     ]
-    return execute(conn, FINISH_RUN, params, prepared) == 1
 
 
 def json_param(conn, encoded):

@@ -311,9 +311,7 @@ class Worker:
                                 len(claimed),
                             )
                         recovered = True
-                    with self._lock:
-                        in_flight = list(self._inflight)
-                    fresh = claims.claim_runs(self.name, free - len(claimed), exclude=in_flight)
+                    fresh = claims.claim_runs(self.name, free - len(claimed), exclude=self._in_flight())
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
                     if claimed:
@@ -461,8 +459,10 @@ class Worker:
         loop and back (two thread wake-ups and a loop turn per run)."""
         try:
             while slot is not None:
-                self._execute_run(slot)
-                slot = self._take_next(slot)
+                # The next run's claim goes with this run's end where it can.
+                next_claim = claims.NextClaim(self.name, self._to_pass_over)
+                self._execute_run(slot, next_claim.finish)
+                slot = self._take_next(slot, next_claim.runs)
         finally:
             if slot is not None:  # an exception went through: the slot is free all the same
                 with self._lock:
@@ -470,12 +470,14 @@ class Worker:
             observability.in_flight(self.name, -1)
             self._waker.wake()  # a slot is free
 
-    def _execute_run(self, slot: _Slot) -> None:
+    def _execute_run(self, slot: _Slot, finish) -> None:
         run = slot.run
         began = time.monotonic()
         try:
             database.ready_for_run()
-            status = runner.execute(run, self.name, leave_check=slot.leave_check, watch=slot.watch)
+            status = runner.execute(
+                run, self.name, leave_check=slot.leave_check, watch=slot.watch, finish=finish
+            )
             if status == Status.WAITING:
                 self._next_wake = 0.0  # its wake time may come before the next look
             if status is None:
@@ -499,24 +501,28 @@ class Worker:
                 error=serde.encode_exception(exc),
             )
 
-    def _take_next(self, slot: _Slot) -> _Slot | None:
-        """The slot's run has ended: claim one more run for the slot, unless the
-        worker is stopping; the slot is handed over under the lock, so the claim
-        loop never counts it free meanwhile (the worker holds at most
-        ``pool_size`` runs). None: nothing to claim, the slot is free."""
+    def _take_next(self, slot: _Slot, claimed: list[Workflow] | None) -> _Slot | None:
+        """The slot's run has ended: claim one more run for the slot (unless
+        ``claimed`` came with the run's end), unless the worker is stopping; the
+        slot is handed over under the lock, so the claim loop never counts it
+        free meanwhile (the worker holds at most ``pool_size`` runs). None:
+        nothing to claim, the slot is free."""
         successor = None
         if self._stopping:  # no next run here: a run outliving the drain closes its own
+            for run in claimed or ():  # claimed with the end, just before the stop
+                if self._quietly(database.reconnecting, operations.release_run, run.id, self.name):
+                    observability.requeued(self.name, 1)
             connections.close_all()  # this thread's connections only
         else:
             with contextlib.suppress(DatabaseError):  # at worst, the next run reconnects
                 database.keep_for_next_run()
-            with self._lock:
-                in_flight = list(self._inflight)
-            try:
-                runs = claims.claim_runs(self.name, 1, exclude=in_flight)
-            except DatabaseError:
-                runs = []  # the claim loop retries, and says so
-                database.close_quietly()
+            runs = claimed
+            if runs is None:
+                try:
+                    runs = claims.claim_runs(self.name, 1, exclude=self._in_flight())
+                except DatabaseError:
+                    runs = []  # the claim loop retries, and says so
+                    database.close_quietly()
             observability.claimed(self.name, len(runs))
             if runs:
                 successor = _Slot(self, runs[0])
@@ -526,6 +532,17 @@ class Worker:
             if successor is not None:
                 self._inflight[successor.run.id] = successor
         return successor
+
+    def _in_flight(self) -> list:
+        """The ids of the runs in flight here: a claim passes over them (one
+        requeued while this worker still runs it must not run twice here)."""
+        with self._lock:
+            return list(self._inflight)
+
+    def _to_pass_over(self) -> list | None:
+        """For a claim sent with a run's end: :meth:`_in_flight`, or None once
+        the worker is stopping (no claim then)."""
+        return None if self._stopping else self._in_flight()
 
     def _log_end(self, run: Workflow, status: str, seconds: float) -> None:
         """One line per run that leaves this worker, as runserver logs a request."""

@@ -192,3 +192,111 @@ def test_a_claim_of_one_run_is_planned_once_per_connection():
         )
         (generic, custom), *others = cursor.fetchall()
     assert others == [] and custom <= 5 and generic >= 7
+
+
+# ---------------------------------------------------------------- a run's end with the next claim
+
+
+def _ended_and_waiting(claimer="w1", waiting=1):
+    """A run ``running`` under ``claimer`` and ``waiting`` scheduled runs behind it."""
+    ending = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by=claimer)
+    queued = Workflow.objects.bulk_create(Workflow(name=CHAIN, args=[[1, 2]]) for _ in range(waiting))
+    return ending, queued
+
+
+def _finish(next_claim, run, status="completed", **values):
+    return next_claim.finish(run.id, "w1", status, **values)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runs_end_takes_the_next_claim_with_it_on_postgresql():
+    """One statement, one round trip: the run ends as ``finish_run`` ends it, and
+    the oldest scheduled run is claimed, whole, as ``claim_runs`` returns it.
+    Elsewhere the end goes alone and the thread claims as before."""
+    ending, (queued,) = _ended_and_waiting()
+    next_claim = claims.NextClaim("w1", lambda: [ending.id])
+    postgresql = database.connection().vendor == "postgresql"
+    if postgresql:
+        _finish(next_claim, Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1"))
+        queued.refresh_from_db()
+        assert queued.status == "running"
+        Workflow.objects.filter(id=queued.id).update(status="scheduled", claimed_by=None)
+        # Prepared now: the next end with a claim is a single Sync.
+        pgconn = database.connection().connection.pgconn
+        with tempfile.TemporaryFile("w+") as trace:
+            pgconn.trace(trace.fileno())
+            try:
+                assert _finish(next_claim, ending, result={"day": datetime.date(2026, 12, 3)})
+            finally:
+                pgconn.untrace()
+            trace.seek(0)
+            sent = [line.split("\t")[3].strip() for line in trace if line.split("\t")[1] == "F"]
+        assert sum(message in ("Sync", "Query") for message in sent) == 1, sent
+        (claimed,) = next_claim.runs
+        assert not claimed.has_steps
+        expected = Workflow.objects.get(id=queued.id)
+        assert (expected.status, expected.claimed_by) == ("running", "w1")
+        assert [getattr(claimed, f.attname) for f in Workflow._meta.concrete_fields] == [
+            getattr(expected, f.attname) for f in Workflow._meta.concrete_fields
+        ]
+        assert claimed.args == [[1, 2]]
+    else:
+        assert _finish(next_claim, ending, result={"day": datetime.date(2026, 12, 3)})
+        assert next_claim.runs is None
+        assert Workflow.objects.get(id=queued.id).status == "scheduled"
+    ending.refresh_from_db()
+    assert (ending.status, ending.result) == ("completed", {"day": datetime.date(2026, 12, 3)})
+    assert ending.completed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_end_still_claims_and_an_empty_queue_claims_nothing():
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the end goes with the claim on PostgreSQL only")
+    theirs, (queued,) = _ended_and_waiting(claimer="w2")
+    next_claim = claims.NextClaim("w1", lambda: [theirs.id])
+    assert not _finish(next_claim, theirs, "failed", error={"type": "X", "message": "m"})
+    theirs.refresh_from_db()
+    assert (theirs.status, theirs.claimed_by, theirs.error) == ("running", "w2", None)
+    assert [run.id for run in next_claim.runs] == [queued.id]
+
+    ours = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1")
+    next_claim = claims.NextClaim("w1", lambda: [ours.id, queued.id])
+    assert _finish(next_claim, ours, "stopped")
+    assert next_claim.runs == []
+    assert Workflow.objects.get(id=ours.id).status == "stopped"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_in_flight_here_is_passed_over_and_a_stopping_worker_claims_nothing():
+    """A run requeued while this worker still runs it must not be claimed by it
+    again; once the worker stops, the end goes alone."""
+    if database.connection().vendor != "postgresql":
+        pytest.skip("the end goes with the claim on PostgreSQL only")
+    ending, (requeued, queued) = _ended_and_waiting(waiting=2)
+    next_claim = claims.NextClaim("w1", lambda: [ending.id, requeued.id])
+    assert _finish(next_claim, ending)
+    assert [run.id for run in next_claim.runs] == [queued.id]
+
+    stopping = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1")
+    next_claim = claims.NextClaim("w1", lambda: None)
+    assert _finish(next_claim, stopping)
+    assert next_claim.runs is None
+    assert Workflow.objects.get(id=requeued.id).status == "scheduled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_claim_never_costs_the_run_its_end(monkeypatch):
+    from django.db import ProgrammingError
+
+    def broken(*args):
+        raise ProgrammingError("the claim half broke")
+
+    monkeypatch.setattr(claims, "_finish_and_claim", broken)
+    ending, (queued,) = _ended_and_waiting()
+    next_claim = claims.NextClaim("w1", lambda: [ending.id])
+    assert _finish(next_claim, ending, result=7)
+    assert next_claim.runs is None  # the thread claims as usual
+    ending.refresh_from_db()
+    assert (ending.status, ending.result) == ("completed", 7)
+    assert Workflow.objects.get(id=queued.id).status == "scheduled"

@@ -166,7 +166,9 @@ def test_a_fleet_with_more_threads_than_server_connections_keeps_every_guarantee
                      database_url=bounced.data, extra_env=worker_env(bounced))
         for i in range(3)
     ]
-    runs = [schedule(w.chain, log, 3) for _ in range(60)]
+    # Steps of 50 ms: a worker that starts before the others cannot drain the
+    # queue alone (about 2 s for one worker, under 1 s for the three).
+    runs = [schedule(w.chain, log, 3, 0.05) for _ in range(60)]
     name = bounced.data.rsplit("/", 1)[1]
 
     def queueing() -> bool:
