@@ -300,3 +300,21 @@ def test_a_failing_claim_never_costs_the_run_its_end(monkeypatch):
     ending.refresh_from_db()
     assert (ending.status, ending.result) == ("completed", 7)
     assert Workflow.objects.get(id=queued.id).status == "scheduled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_claimed_with_an_end_as_the_worker_stops_is_requeued():
+    """The stop may come between a run's end with its claim and the thread's
+    next turn: the run that claim took goes back to the queue, not to this thread."""
+    from everystep.worker import Worker, _Slot
+
+    worker = Worker(pool_size=1, name="w1", install_signals=False, listen=False, recover_stale_after=None)
+    ended = Workflow.objects.create(name=CHAIN, args=[], status="completed", claimed_by="w1")
+    taken = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1")
+    slot = _Slot(worker, ended)
+    worker._inflight[ended.id] = slot
+    worker._stopping = True
+    assert worker._take_next(slot, [taken]) is None
+    taken.refresh_from_db()
+    assert (taken.status, taken.claimed_by) == ("scheduled", None)
+    assert not worker._inflight
