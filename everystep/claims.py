@@ -152,8 +152,8 @@ class NextClaim:
     (None: the worker is stopping). ``runs``: what it claimed, or None when it
     did not claim, and the thread claims as usual."""
 
-    def __init__(self, claimer: str, exclude: Callable[[], list | None]):
-        self.claimer, self.exclude = claimer, exclude
+    def __init__(self, exclude: Callable[[], list | None]):
+        self.exclude = exclude
         self.runs: list[Workflow] | None = None
 
     def finish(self, run_id, claimer: str, status: str, *, result=None, error=None) -> bool:

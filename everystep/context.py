@@ -55,7 +55,6 @@ class RunState:
         # Set by the runner once per run: EVERYSTEP_DATABASE, EVERYSTEP_PREPARED_STATEMENTS.
         self.database = "default"
         self.prepared_statements = True
-        self.finish: Callable | None = None  # the run's end, when not operations.finish_run
         self._lock = threading.Lock()
         self._connections: dict[threading.Thread, Any] = {}  # see connection()
 

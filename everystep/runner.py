@@ -95,7 +95,6 @@ def _replay(
         )
         return _end(run, claimer, Status.FAILED, exc=error, finish=finish)
     state = RunState(run.id, run.name, claimer, leave_check)
-    state.finish = finish
     # Read once per run, not per step: settings lookups are not free.
     state.database = database.alias()
     state.prepared_statements = statements.prepared_statements()
@@ -111,7 +110,7 @@ def _replay(
     except Exception as exc:
         raised = exc
     outcome = state.halt or raised
-    return _conclude(run, state, value, outcome)
+    return _conclude(run, state, value, outcome, finish)
 
 
 def _load_outcomes(run_id) -> dict[str, Outcome]:
@@ -121,7 +120,7 @@ def _load_outcomes(run_id) -> dict[str, Outcome]:
     }
 
 
-def _conclude(run, state: RunState, value, outcome) -> str | None:
+def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> str | None:
     from . import operations
     if isinstance(outcome, SimulatedCrash):
         return None
@@ -145,21 +144,21 @@ def _conclude(run, state: RunState, value, outcome) -> str | None:
         database.reconnecting(operations.release_run, run.id, state.claimer)
         return Status.SCHEDULED
     if isinstance(outcome, Terminal):
-        return _end(run, state.claimer, Status.STOPPED, exc=outcome, finish=state.finish)
+        return _end(run, state.claimer, Status.STOPPED, exc=outcome, finish=finish)
     if isinstance(outcome, EffectUncertain):
-        return _end(run, state.claimer, Status.BLOCKED, exc=outcome, finish=state.finish)
+        return _end(run, state.claimer, Status.BLOCKED, exc=outcome, finish=finish)
     if outcome is not None:
         if state.engine_error is not None:
             logger.error("run %s: engine error while recording: %r", run.id, outcome)
-        return _end(run, state.claimer, Status.FAILED, exc=outcome, finish=state.finish)
+        return _end(run, state.claimer, Status.FAILED, exc=outcome, finish=finish)
     try:
         serde.encode(value)
     except EverystepError as exc:
         error = EverystepError(
             f"run {run.id}: the workflow's return value is not serializable: {exc}"
         )
-        return _end(run, state.claimer, Status.FAILED, exc=error, finish=state.finish)
-    return _end(run, state.claimer, Status.COMPLETED, result=value, finish=state.finish)
+        return _end(run, state.claimer, Status.FAILED, exc=error, finish=finish)
+    return _end(run, state.claimer, Status.COMPLETED, result=value, finish=finish)
 
 
 def _end(

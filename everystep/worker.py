@@ -460,7 +460,7 @@ class Worker:
         try:
             while slot is not None:
                 # The next run's claim goes with this run's end where it can.
-                next_claim = claims.NextClaim(self.name, self._to_pass_over)
+                next_claim = claims.NextClaim(self._to_pass_over)
                 self._execute_run(slot, next_claim.finish)
                 slot = self._take_next(slot, next_claim.runs)
         finally:

@@ -214,7 +214,7 @@ def test_a_runs_end_takes_the_next_claim_with_it_on_postgresql():
     the oldest scheduled run is claimed, whole, as ``claim_runs`` returns it.
     Elsewhere the end goes alone and the thread claims as before."""
     ending, (queued,) = _ended_and_waiting()
-    next_claim = claims.NextClaim("w1", lambda: [ending.id])
+    next_claim = claims.NextClaim(lambda: [ending.id])
     postgresql = database.connection().vendor == "postgresql"
     if postgresql:
         _finish(next_claim, Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1"))
@@ -254,14 +254,14 @@ def test_a_fenced_end_still_claims_and_an_empty_queue_claims_nothing():
     if database.connection().vendor != "postgresql":
         pytest.skip("the end goes with the claim on PostgreSQL only")
     theirs, (queued,) = _ended_and_waiting(claimer="w2")
-    next_claim = claims.NextClaim("w1", lambda: [theirs.id])
+    next_claim = claims.NextClaim(lambda: [theirs.id])
     assert not _finish(next_claim, theirs, "failed", error={"type": "X", "message": "m"})
     theirs.refresh_from_db()
     assert (theirs.status, theirs.claimed_by, theirs.error) == ("running", "w2", None)
     assert [run.id for run in next_claim.runs] == [queued.id]
 
     ours = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1")
-    next_claim = claims.NextClaim("w1", lambda: [ours.id, queued.id])
+    next_claim = claims.NextClaim(lambda: [ours.id, queued.id])
     assert _finish(next_claim, ours, "stopped")
     assert next_claim.runs == []
     assert Workflow.objects.get(id=ours.id).status == "stopped"
@@ -274,12 +274,12 @@ def test_a_run_in_flight_here_is_passed_over_and_a_stopping_worker_claims_nothin
     if database.connection().vendor != "postgresql":
         pytest.skip("the end goes with the claim on PostgreSQL only")
     ending, (requeued, queued) = _ended_and_waiting(waiting=2)
-    next_claim = claims.NextClaim("w1", lambda: [ending.id, requeued.id])
+    next_claim = claims.NextClaim(lambda: [ending.id, requeued.id])
     assert _finish(next_claim, ending)
     assert [run.id for run in next_claim.runs] == [queued.id]
 
     stopping = Workflow.objects.create(name=CHAIN, args=[], status="running", claimed_by="w1")
-    next_claim = claims.NextClaim("w1", lambda: None)
+    next_claim = claims.NextClaim(lambda: None)
     assert _finish(next_claim, stopping)
     assert next_claim.runs is None
     assert Workflow.objects.get(id=requeued.id).status == "scheduled"
@@ -294,7 +294,7 @@ def test_a_failing_claim_never_costs_the_run_its_end(monkeypatch):
 
     monkeypatch.setattr(claims, "_finish_and_claim", broken)
     ending, (queued,) = _ended_and_waiting()
-    next_claim = claims.NextClaim("w1", lambda: [ending.id])
+    next_claim = claims.NextClaim(lambda: [ending.id])
     assert _finish(next_claim, ending, result=7)
     assert next_claim.runs is None  # the thread claims as usual
     ending.refresh_from_db()
