@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from everystep.api import schedule
-from everystep.models import Workflow
+from everystep.models import Heartbeat, Workflow
 from tests.worker import workflows as w
 from tests.worker.support import THROWAWAY, free_port, wait_for
 
@@ -79,9 +79,18 @@ def test_several_workers_share_the_queue_without_claiming_a_run_twice(tmp_path, 
     if connection.vendor != "postgresql":
         pytest.skip("many workers on one database: the PostgreSQL deployment")
     log = str(tmp_path / "log")
+    names = ["w0", "w1", "w2"]
+    workers = [spawn_worker(name, "--pool", "4", "--poll", "0.1") for name in names]
+    # All three up (a heartbeat is written once the SIGTERM handler is in
+    # place) before the runs: every one of them contends for the queue, and
+    # none can be signalled below while still starting.
+    wait_for(
+        lambda: Heartbeat.objects.filter(name__in=names).count() == 3,
+        timeout=60,
+        what="the three workers to be up",
+    )
     with transaction.atomic():
         runs = [schedule(w.chain, log, 2) for _ in range(200)]
-    workers = [spawn_worker(f"w{i}", "--pool", "4", "--poll", "0.1") for i in range(3)]
     wait_for(
         lambda: not Workflow.objects.exclude(status=S.COMPLETED).exists(),
         timeout=90,
