@@ -24,6 +24,19 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.05, what: str =
         time.sleep(interval)
 
 
+def wait_until_up(names: list[str], timeout: float = 60) -> None:
+    """Every named worker process has written its heartbeat: it is claiming, and
+    its SIGTERM handler is in place (installed before the first heartbeat), so a
+    SIGTERM from the test drains it instead of killing it mid-start."""
+    from everystep.models import Heartbeat
+
+    wait_for(
+        lambda: Heartbeat.objects.filter(name__in=names).count() == len(names),
+        timeout=timeout,
+        what=f"workers {', '.join(names)} to be up",
+    )
+
+
 def vendor() -> str:
     return connection.vendor
 

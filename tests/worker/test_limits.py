@@ -24,7 +24,7 @@ from everystep.checks import check_workflow_modules
 from everystep.errors import EverystepError
 from everystep.models import ConcurrencyLimit, Heartbeat, Workflow
 from tests.worker import workflows as w
-from tests.worker.support import ROOT, wait_for
+from tests.worker.support import ROOT, wait_for, wait_until_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -378,11 +378,7 @@ def test_worker_processes_never_run_more_than_the_limit_at_once(spawn_worker, sc
     }
     names = ["lim-a", "lim-b", "lim-c"]
     workers = [spawn_worker(name, "--pool", "4", "--poll", "0.1", extra_env=env) for name in names]
-    wait_for(
-        lambda: Heartbeat.objects.filter(name__in=names).count() == 3,
-        timeout=60,
-        what="the three workers to be up",
-    )
+    wait_until_up(names)
     with transaction.atomic():
         limited = [schedule(flows.limited, log, 5, 0.2) for _ in range(30)]
         others = [schedule(flows.unlimited, log) for _ in range(10)]

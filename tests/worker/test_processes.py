@@ -9,9 +9,9 @@ import pytest
 from django.db import connection, connections, transaction
 
 from everystep.api import schedule
-from everystep.models import Heartbeat, Workflow
+from everystep.models import Workflow
 from tests.worker import workflows as w
-from tests.worker.support import THROWAWAY, free_port, wait_for
+from tests.worker.support import THROWAWAY, free_port, wait_for, wait_until_up
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -81,14 +81,7 @@ def test_several_workers_share_the_queue_without_claiming_a_run_twice(tmp_path, 
     log = str(tmp_path / "log")
     names = ["w0", "w1", "w2"]
     workers = [spawn_worker(name, "--pool", "4", "--poll", "0.1") for name in names]
-    # All three up (a heartbeat is written once the SIGTERM handler is in
-    # place) before the runs: every one of them contends for the queue, and
-    # none can be signalled below while still starting.
-    wait_for(
-        lambda: Heartbeat.objects.filter(name__in=names).count() == 3,
-        timeout=60,
-        what="the three workers to be up",
-    )
+    wait_until_up(names)  # before the runs: all three contend for the queue
     with transaction.atomic():
         runs = [schedule(w.chain, log, 2) for _ in range(200)]
     wait_for(
