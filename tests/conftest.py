@@ -46,12 +46,14 @@ def throwaway_postgres():
 
 @pytest.fixture
 def start_pgbouncer():
-    """``start_pgbouncer(pool_size=2)``: a PgBouncer of the test's own in transaction
-    pooling (tests/throwaway_pgbouncer.py), in front of the PostgreSQL server that
-    holds everystep's test database; stopped at the end, also when the test fails.
+    """``start_pgbouncer(pool_size=2, prepared_statements=False)``: a PgBouncer of the
+    test's own in transaction pooling (tests/throwaway_pgbouncer.py), in front of
+    the PostgreSQL server that holds everystep's test database; stopped at the
+    end, also when the test fails. ``prepared_statements``: one that keeps them
+    (1.21 or later), else one that does not.
 
-    PostgreSQL pass only. A missing ``pgbouncer`` skips the test, unless
-    EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
+    PostgreSQL pass only. A missing ``pgbouncer`` (or one new enough) skips the
+    test, unless EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
     from everystep import database
 
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -59,9 +61,11 @@ def start_pgbouncer():
     target = settings.DATABASES[database.alias()]
     started = []
 
-    def start(pool_size: int = 2) -> ThrowawayPgBouncer:
+    def start(pool_size: int = 2, prepared_statements: bool = False) -> ThrowawayPgBouncer:
         try:
-            bouncer = ThrowawayPgBouncer(target["HOST"], target["PORT"], pool_size=pool_size)
+            bouncer = ThrowawayPgBouncer(
+                target["HOST"], target["PORT"], pool_size=pool_size, prepared_statements=prepared_statements
+            )
         except PgBouncerUnavailable as exc:
             if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
                 pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")

@@ -6,9 +6,16 @@ temporary directory and runs the installed ``pgbouncer`` on a free port of
 127.0.0.1 (no Unix socket), forwarding every database name to the PostgreSQL
 server at ``host:port`` (authentication: trust, user ``postgres``). At most
 ``pool_size`` server connections per database and user: clients beyond that
-wait for one, which is what the fleet test wants to see. ``restart()`` kills
-the process (SIGKILL: every client connection is cut off) and starts it again
-on the same port. Stopping it (also when the code using it fails: use it as a
+wait for one, which is what the fleet test wants to see.
+
+``prepared_statements=True`` takes a PgBouncer that keeps prepared statements
+in transaction pooling (1.21 or later, ``max_prepared_statements``): the
+installed one if it is that new, else the one ``scripts/pgbouncer`` builds
+(Debian 12 ships 1.18). Without it, a PgBouncer of 1.21 or later is told
+``max_prepared_statements = 0``, so that both behave as 1.18 does.
+
+``restart()`` kills the process (SIGKILL: every client connection is cut off)
+and starts it again on the same port. Stopping it (also when the code using it fails: use it as a
 context manager) kills it and removes the directory. Nothing else on the
 machine is touched.
 
@@ -16,6 +23,7 @@ PgBouncer refuses to run as root: as root, it drops to the ``postgres``
 account (``pgbouncer -u``), which then owns the directory.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,6 +36,12 @@ from pathlib import Path
 from tests.throwaway import run_as, start_on_a_free_port
 
 USER = "postgres"
+# The first PgBouncer that follows protocol-level prepared statements in transaction pooling.
+PREPARED_STATEMENTS_SINCE = (1, 21)
+# Each client's statements PgBouncer keeps (and prepares again on whichever
+# server connection it lends that client): more than everystep has.
+MAX_PREPARED_STATEMENTS = 100
+BUILT = Path(__file__).resolve().parent.parent / ".cache"  # where scripts/pgbouncer builds it
 
 
 class PgBouncerUnavailable(RuntimeError):
@@ -50,19 +64,41 @@ def pgbouncer_program() -> str:
     return found
 
 
-def version() -> str:
+def prepared_statements_program() -> str:
+    """A PgBouncer of 1.21 or later: the installed one, else ``scripts/pgbouncer``'s build."""
+    candidates = [*BUILT.glob("pgbouncer-*/bin/pgbouncer")]
+    with contextlib.suppress(PgBouncerUnavailable):
+        candidates.insert(0, pgbouncer_program())
+    for program in candidates:
+        if version_number(program) >= PREPARED_STATEMENTS_SINCE:
+            return str(program)
+    found = ", ".join(f"{program} ({version(program)})" for program in candidates) or "none"
+    raise PgBouncerUnavailable(
+        "the tests of prepared statements through PgBouncer need PgBouncer 1.21 or later "
+        f"(found: {found}). Run scripts/pgbouncer to build one (Debian 12 ships 1.18)."
+    )
+
+
+def version(program: str | None = None) -> str:
     """``PgBouncer 1.18.0``: the first line of ``pgbouncer --version``."""
-    done = subprocess.run([pgbouncer_program(), "--version"], capture_output=True, text=True, check=True)
+    command = [program or pgbouncer_program(), "--version"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     return done.stdout.splitlines()[0].strip()
+
+
+def version_number(program: str) -> tuple[int, ...]:
+    """``(1, 18, 0)`` for ``PgBouncer 1.18.0``."""
+    return tuple(int(part) for part in version(program).split()[1].split("."))
 
 
 class ThrowawayPgBouncer:
     """``with ThrowawayPgBouncer("127.0.0.1", 5432) as bouncer:`` a running PgBouncer, gone afterwards."""
 
-    def __init__(self, host: str, port: int | str, *, pool_size: int = 2):
-        self.program = pgbouncer_program()
+    def __init__(self, host: str, port: int | str, *, pool_size: int = 2, prepared_statements: bool = False):
+        self.program = prepared_statements_program() if prepared_statements else pgbouncer_program()
         self.target = (host or "127.0.0.1", int(port or 5432))
         self.pool_size = pool_size
+        self.prepared_statements = prepared_statements
         self._account = run_as(USER, PgBouncerUnavailable(
             "PgBouncer does not run as root, and there is no 'postgres' account to run it as"
         ))
@@ -150,6 +186,9 @@ logfile = {self.logfile}
 ; the short test runs make and break many connections
 server_login_retry = 1
 """
+        if version_number(self.program) >= PREPARED_STATEMENTS_SINCE:
+            kept = MAX_PREPARED_STATEMENTS if self.prepared_statements else 0
+            ini += f"max_prepared_statements = {kept}\n"
         (self.directory / "pgbouncer.ini").write_text(ini)
         if self._account is not None:
             for path in (self.directory, *self.directory.iterdir()):

@@ -1,7 +1,12 @@
-"""The engine behind a real PgBouncer in transaction pooling (Debian's, 1.18 here:
-no prepared statements in transaction mode, so EVERYSTEP_PREPARED_STATEMENTS =
-False). Each test starts its own PgBouncer (tests/throwaway_pgbouncer.py) in
-front of the suite's PostgreSQL server; runs the PostgreSQL pass only.
+"""The engine behind a real PgBouncer in transaction pooling. Each test starts
+its own PgBouncer (tests/throwaway_pgbouncer.py) in front of the suite's
+PostgreSQL server; runs the PostgreSQL pass only.
+
+Two ways, where it matters (``BOTH``): prepared statements off
+(EVERYSTEP_PREPARED_STATEMENTS = False), as PgBouncer before 1.21 needs
+(Debian 12's is 1.18); and on, the default, through a PgBouncer that keeps
+them (1.21 or later with ``max_prepared_statements``; scripts/pgbouncer builds
+1.24.1 where none is installed).
 
 The test process reaches everystep's test database through PgBouncer too (the
 alias ``bounced``: ``schedule()``, the operations and the checks below), and so
@@ -43,21 +48,29 @@ def _wrapper(url: str, alias: str):
     return load_backend(config["ENGINE"]).DatabaseWrapper(config, alias)
 
 
+# Parametrizes ``bounced``: prepared statements off (PgBouncer 1.18's way), then on.
+BOTH = pytest.mark.parametrize("bounced", [False, True], ids=["unprepared", "prepared"], indirect=True)
+
+
 @pytest.fixture
-def bounced(start_pgbouncer, transactional_db):
+def bounced(request, start_pgbouncer, transactional_db):
     """A PgBouncer (2 server connections) in front of everystep's test database;
     the test process's queries go through it while the test runs. Yields the
-    PgBouncer and the URLs: ``data`` (through it), ``direct`` (not)."""
-    bouncer = start_pgbouncer(pool_size=2)
+    PgBouncer, the URLs, ``data`` (through it) and ``direct`` (not), and
+    ``prepared``: whether the engine prepares its statements (``BOTH``; off
+    unless parametrized)."""
+    prepared = getattr(request, "param", False)
+    bouncer = start_pgbouncer(pool_size=2, prepared_statements=prepared)
     direct = connections[database.alias()]
     urls = SimpleNamespace(
-        bouncer=bouncer, data=bouncer.url(direct.settings_dict["NAME"]), direct=database_url(direct)
+        bouncer=bouncer, data=bouncer.url(direct.settings_dict["NAME"]), direct=database_url(direct),
+        prepared=prepared,
     )
     # A connection made here, not declared in DATABASES (see throwaway_database).
     connections[BOUNCED] = _wrapper(urls.data, BOUNCED)
     try:
         with override_settings(
-            DATABASE_ROUTERS=[ToBounced()], EVERYSTEP_DATABASE=BOUNCED, EVERYSTEP_PREPARED_STATEMENTS=False
+            DATABASE_ROUTERS=[ToBounced()], EVERYSTEP_DATABASE=BOUNCED, EVERYSTEP_PREPARED_STATEMENTS=prepared
         ):
             yield urls
     finally:
@@ -66,7 +79,7 @@ def bounced(start_pgbouncer, transactional_db):
 
 
 def worker_env(urls, *, listen_direct: bool = True, **extra) -> dict:
-    env = {"EVERYSTEP_TEST_PREPARED_STATEMENTS": "0", **extra}
+    env = {"EVERYSTEP_TEST_PREPARED_STATEMENTS": "1" if urls.prepared else "0", **extra}
     if listen_direct:
         env["EVERYSTEP_TEST_LISTEN_DATABASE_URL"] = urls.direct
     return env
@@ -81,6 +94,7 @@ def all_ended(runs) -> bool:
     return not unended.exists()
 
 
+@BOTH
 def test_the_engine_runs_through_pgbouncer(bounced, spawn_worker, tmp_path):
     """Schedule, run, stop, retry (a replay: the unsafe-to-repeat step is not run
     again), all through PgBouncer, by a worker whose data also goes through it."""
@@ -153,6 +167,7 @@ def test_listen_through_pgbouncer_is_detected_and_the_worker_polls(bounced, spaw
     wait_for(lambda: status_of(run) == S.COMPLETED, timeout=30, what="polling to pick the run up")
 
 
+@BOTH
 def test_a_fleet_with_more_threads_than_server_connections_keeps_every_guarantee(
     bounced, spawn_worker, tmp_path
 ):
@@ -191,15 +206,27 @@ def test_a_fleet_with_more_threads_than_server_connections_keeps_every_guarantee
     assert all(len(claimers) == 1 for claimers in ran_by.values())  # no run claimed twice
     assert len({claimer for claimers in ran_by.values() for claimer in claimers}) > 1  # a fleet, really
     assert len([s for s in bounced.bouncer.show("SERVERS") if s["database"] == name]) <= 2
+    if bounced.prepared:
+        # The statements were prepared, and PgBouncer kept them: each step's
+        # insert went as an execution (a bind) of a prepared statement, and
+        # PostgreSQL parsed the engine's few statements about once per server connection.
+        stats = _stats(bounced.bouncer, name)
+        assert stats["total_bind_count"] >= 60 * 3, stats
+        assert stats["total_server_parse_count"] <= 2 * 10, stats
     for proc in workers:
         assert proc.alive(), proc.log()
         assert "Traceback" not in proc.log(), proc.log()
 
 
+def _stats(bouncer, name: str) -> dict:
+    """PgBouncer's ``SHOW STATS`` totals for database ``name``."""
+    return next(row for row in bouncer.show("STATS") if row["database"] == name)
+
+
 def test_prepared_statements_behind_pgbouncer_fail_with_a_hint(start_pgbouncer, transactional_db):
-    """PgBouncer 1.18 in transaction mode hands one server connection to two
-    clients: the second one's prepared statement collides with the first's.
-    The error says what to set."""
+    """PgBouncer 1.18 in transaction mode (or a later one that keeps no prepared
+    statements) hands one server connection to two clients: the second one's
+    prepared statement collides with the first's. The error says what to set."""
     bouncer = start_pgbouncer(pool_size=1)
     url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
     first, second = _wrapper(url, "bounced_a"), _wrapper(url, "bounced_b")
@@ -211,6 +238,29 @@ def test_prepared_statements_behind_pgbouncer_fail_with_a_hint(start_pgbouncer, 
         for conn in (first, second) * 2:  # without preparing: fine
             conn.close()
             assert statements.execute(conn, "SELECT %s::int", [1], prepared=False, fetch=True) == [(1,)]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_pgbouncer_that_keeps_prepared_statements_lets_clients_share_a_server_connection(
+    start_pgbouncer, transactional_db
+):
+    """The same turns as above, through PgBouncer 1.21+ with max_prepared_statements:
+    each client's statements (psycopg's prepared cursor and everystep's own
+    libpq ones) are its own, whichever server connection it is lent. PostgreSQL
+    parsed each statement once, on the one server connection."""
+    bouncer = start_pgbouncer(pool_size=1, prepared_statements=True)
+    url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
+    first, second = _wrapper(url, "bounced_a"), _wrapper(url, "bounced_b")
+    plus_one = statements.Libpq("everystep_test_plus_one", "SELECT %s + 1", [statements.INT8])
+    try:
+        for i, conn in enumerate((first, second) * 3):
+            assert statements.execute(conn, "SELECT %s::int", [i], prepared=True, fetch=True) == [(i,)]
+            assert statements.fetch_libpq(conn, plus_one, [str(i)]) == [(i + 1,)]
+        stats = _stats(bouncer, url.rsplit("/", 1)[1])
+        assert stats["total_server_parse_count"] == 2, stats
+        assert stats["total_bind_count"] == 12, stats
     finally:
         first.close()
         second.close()
