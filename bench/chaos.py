@@ -16,7 +16,8 @@ and prints figures:
   soak's own (transaction pooling, fewer server connections than worker
   threads, prepared statements off, LISTEN straight to PostgreSQL), which is
   killed and restarted once; the workers must log reconnecting
-  after that too;
+  after that too; with ``--prepared`` as well, a PgBouncer that keeps prepared
+  statements (1.21 or later) and the engine's on, the default;
 - a worker SIGKILLed and never restarted: the others requeue every run it held
   within EVERYSTEP_RECOVER_STALE_AFTER plus one poll of the kill (its heartbeat
   went stale), and finish them all (the checks above cover their effects).
@@ -25,6 +26,7 @@ Exits non-zero on any violation. Usage:
     python bench/chaos.py                 # the long soak (README figures)
     python bench/chaos.py --short         # about a minute (the test suite runs this)
     python bench/chaos.py --short --pgbouncer   # the same behind PgBouncer
+    python bench/chaos.py --short --pgbouncer --prepared   # PgBouncer 1.21+, prepared statements on
 """
 
 import argparse
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import exit_on_sigterm, load_django, stop_workers, table  # noqa: E402
-from tests.throwaway_pgbouncer import ThrowawayPgBouncer, version  # noqa: E402
+from tests.throwaway_pgbouncer import ThrowawayPgBouncer  # noqa: E402
 from tests.throwaway_postgres import ThrowawayPostgres  # noqa: E402
 
 # What a worker logs when it reconnects: its claim loop or LISTEN connection
@@ -135,7 +137,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--pgbouncer", action="store_true",
                         help="workers behind a PgBouncer of the soak's own, restarted once")
+    parser.add_argument("--prepared", action="store_true",
+                        help="with --pgbouncer: one that keeps prepared statements (1.21+), the engine's on")
     args = parser.parse_args(argv)
+    if args.prepared and not args.pgbouncer:
+        parser.error("--prepared goes with --pgbouncer")
     exit_on_sigterm()  # a stopped soak still stops its workers and its server
     with ThrowawayPostgres() as server:
         direct = server.create_database("everystep_chaos")
@@ -143,13 +149,16 @@ def main(argv=None) -> int:
         if not args.pgbouncer:
             return soak(server, args, None)
         # Fewer server connections than the workers have threads (pool + a claim loop each).
-        with ThrowawayPgBouncer("127.0.0.1", server.port, pool_size=PGBOUNCER_POOL) as bouncer:
-            print(f"{version()} on port {bouncer.port}: transaction pooling, "
-                  f"{PGBOUNCER_POOL} server connections")
+        with ThrowawayPgBouncer(
+            "127.0.0.1", server.port, pool_size=PGBOUNCER_POOL, prepared_statements=args.prepared
+        ) as bouncer:
+            prepared = "on" if args.prepared else "off"
+            print(f"{bouncer.version()} on port {bouncer.port}: transaction pooling, "
+                  f"{PGBOUNCER_POOL} server connections, prepared statements {prepared}")
             os.environ.update(
                 EVERYSTEP_BENCH_DATABASE_URL=bouncer.url("everystep_chaos"),
                 EVERYSTEP_BENCH_LISTEN_DATABASE_URL=direct,
-                EVERYSTEP_BENCH_PREPARED_STATEMENTS="0",
+                EVERYSTEP_BENCH_PREPARED_STATEMENTS="1" if args.prepared else "0",
             )
             return soak(server, args, bouncer)
 

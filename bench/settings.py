@@ -15,7 +15,8 @@ DATABASE_ROUTERS = []
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 # The chaos soak behind PgBouncer (bench/chaos.py --pgbouncer): data through
-# it, prepared statements off (PgBouncer 1.18), LISTEN straight to PostgreSQL.
+# it, prepared statements off (PgBouncer 1.18) unless --prepared, LISTEN
+# straight to PostgreSQL.
 if "EVERYSTEP_BENCH_PREPARED_STATEMENTS" in os.environ:
     EVERYSTEP_PREPARED_STATEMENTS = os.environ["EVERYSTEP_BENCH_PREPARED_STATEMENTS"] == "1"
 if os.environ.get("EVERYSTEP_BENCH_LISTEN_DATABASE_URL"):

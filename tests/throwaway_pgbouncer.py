@@ -106,6 +106,9 @@ class ThrowawayPgBouncer:
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
 
+    def version(self) -> str:
+        return version(self.program)
+
     @property
     def logfile(self) -> Path:
         return self.directory / "pgbouncer.log"

@@ -3,8 +3,9 @@ PostgreSQL restart, of a server the soak starts for itself (the one the suite
 was given is not touched), then a worker SIGKILLed for good, whose runs the
 others must recover within EVERYSTEP_RECOVER_STALE_AFTER plus one poll. The
 soak checks its own invariants and exits non-zero on any violation (see
-bench/chaos.py). The second soak runs the workers behind a PgBouncer of its own
-(transaction pooling), killed and restarted once."""
+bench/chaos.py). The other soaks run the workers behind a PgBouncer of their own
+(transaction pooling), killed and restarted once: with prepared statements off,
+as PgBouncer 1.18 needs, and on, through one that keeps them (1.21 or later)."""
 
 import os
 import re
@@ -13,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from tests.scripts import run_script
-from tests.throwaway_pgbouncer import PgBouncerUnavailable, pgbouncer_program
+from tests.throwaway_pgbouncer import PgBouncerUnavailable, pgbouncer_program, prepared_statements_program
 
 pytestmark = [pytest.mark.slow]
 
@@ -28,18 +29,21 @@ def test_short_chaos_soak_keeps_every_promise():
     assert re.search(r"dead worker chaos-\d: SIGKILLed holding [1-9]\d* runs, never restarted", out.stdout)
 
 
-def test_short_chaos_soak_behind_pgbouncer_keeps_every_promise():
+@pytest.mark.parametrize("prepared", [False, True], ids=["unprepared", "prepared"])
+def test_short_chaos_soak_behind_pgbouncer_keeps_every_promise(prepared):
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         pytest.skip("the soak runs in the PostgreSQL pass")
     try:
-        pgbouncer_program()
+        prepared_statements_program() if prepared else pgbouncer_program()
     except PgBouncerUnavailable as exc:
         if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
             pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
         pytest.skip(str(exc))
-    out = run_script("bench/chaos.py", "--short", "--seed", "7", "--pgbouncer", timeout=600)
+    flags = ["--pgbouncer", "--prepared"] if prepared else ["--pgbouncer"]
+    out = run_script("bench/chaos.py", "--short", "--seed", "7", *flags, timeout=600)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no violations" in out.stdout
+    assert f"prepared statements {'on' if prepared else 'off'}" in out.stdout
     restarted = r"PgBouncer: killed and restarted 1 time\(s\); the workers logged [1-9]\d* reconnect"
     assert re.search(restarted, out.stdout)
