@@ -220,7 +220,7 @@ def _send_libpq(conn, statement: Libpq, values: list[str | None]):
     if pg is None:
         return None
     try:
-        return _execute_libpq(conn, pg, statement, values)
+        return _execute_libpq(pg, statement, values)
     except Exception:
         # psycopg's errors become Django's, as on the cursor path (the wrapper
         # also marks the connection for a check), with the pooler hint; built
@@ -256,26 +256,28 @@ def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
     return pg if pg.autocommit else None
 
 
-def _execute_libpq(conn, pg: "psycopg.Connection", statement: Libpq, values: list[str | None]):
+def _execute_libpq(pg: "psycopg.Connection", statement: Libpq, values: list[str | None]):
     """Execute ``statement`` (prepared on this connection first if need be); its
     result. Errors are psycopg's, as the cursor path raises them."""
     errors, pq = _psycopg()
     params = [None if value is None else value.encode() for value in values]
     with pg.lock:
         pgconn = pg.pgconn
-        prepared = getattr(conn, "_everystep_libpq", None)
-        if prepared is None or prepared[0] is not pg:
-            prepared = conn._everystep_libpq = (pg, set())
+        # The names prepared belong to this psycopg connection's session, not to
+        # Django's connection: Django's pool lends that one another psycopg
+        # connection after each close. Preparing a name twice in one session is
+        # an error on PostgreSQL, and PgBouncer 1.21+ cuts the client off for it.
+        prepared = pg.__dict__.setdefault("_everystep_prepared", set())
         for attempt in (1, 2):
-            if statement.name not in prepared[1]:
+            if statement.name not in prepared:
                 _prepare(pgconn, statement, pg.info.encoding)
-                prepared[1].add(statement.name)
+                prepared.add(statement.name)
             result = pgconn.exec_prepared(statement.name, params)
             if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
                 return result
             error = _error(pgconn, result, pg.info.encoding)
             if isinstance(error, errors.InvalidSqlStatementName) and attempt == 1:
-                prepared[1].discard(statement.name)  # deallocated behind our back (DISCARD ALL)
+                prepared.discard(statement.name)  # deallocated behind our back (DISCARD ALL)
                 continue
             raise error
     raise AssertionError("unreachable")

@@ -264,3 +264,27 @@ def test_a_pgbouncer_that_keeps_prepared_statements_lets_clients_share_a_server_
     finally:
         first.close()
         second.close()
+
+
+def test_a_pooled_connection_keeps_its_prepared_statements_through_pgbouncer(
+    start_pgbouncer, transactional_db
+):
+    """Django's connection pool lends one Django connection a different psycopg
+    connection after each close. A statement must be prepared once per psycopg
+    connection: PgBouncer (1.21+) cuts off a client that prepares a name it
+    already has ("prepared statement name is already in use")."""
+    bouncer = start_pgbouncer(pool_size=2, prepared_statements=True)
+    url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
+    conn = _wrapper(url, "bounced_pooled")
+    conn.settings_dict["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 2}}
+    plus_one = statements.Libpq("everystep_test_plus_one", "SELECT %s + 1", [statements.INT8])
+    lent = []
+    try:
+        for i in range(6):
+            assert statements.fetch_libpq(conn, plus_one, [str(i)]) == [(i + 1,)]
+            lent.append(conn.connection)
+            conn.close()  # back to the pool
+        assert len({id(pg) for pg in lent}) == 2  # both of the pool's connections, in turn
+        assert _stats(bouncer, url.rsplit("/", 1)[1])["total_client_parse_count"] == 2
+    finally:
+        conn.close_pool()
