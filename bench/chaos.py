@@ -17,7 +17,8 @@ and prints figures:
   threads, prepared statements off, LISTEN straight to PostgreSQL), which is
   killed and restarted once; the workers must log reconnecting
   after that too; with ``--prepared`` as well, a PgBouncer that keeps prepared
-  statements (1.21 or later) and the engine's on, the default;
+  statements (1.21 or later) and the engine's on, the default; PgBouncer must
+  not have cut a client off over its prepared statements;
 - a worker SIGKILLed and never restarted: the others requeue every run it held
   within EVERYSTEP_RECOVER_STALE_AFTER plus one poll of the kill (its heartbeat
   went stale), and finish them all (the checks above cover their effects).
@@ -296,6 +297,14 @@ def soak(server: ThrowawayPostgres, args, bouncer: ThrowawayPgBouncer | None) ->
     if safe_duplicates > crash_bound:
         violations.append(f"{safe_duplicates} repeated safe effects for {kills} kills "
                           f"(bound {crash_bound})")
+    if bouncer is not None:
+        # A client that prepares a statement PgBouncer already keeps for it is
+        # cut off: its runs are requeued and nothing else shows it.
+        cut_off = [line for line in bouncer.log().splitlines() if "pooler error: prepared statement" in line]
+        if cut_off:
+            violations.append(
+                f"PgBouncer cut {len(cut_off)} client(s) off over prepared statements: {cut_off[0]}"
+            )
     overlaps = _overlapping_runs(effects, fleet.kill_times)
     if overlaps:
         violations.append(f"{len(overlaps)} runs were run by two processes at the same time")
