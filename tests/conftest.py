@@ -1,11 +1,9 @@
-import os
-
 import pytest
 from django.conf import settings
 
 from everystep import runner
 from tests.scratch import cron_workflow, scratch_modules  # noqa: F401  (fixtures for every test package)
-from tests.throwaway_pgbouncer import PgBouncerUnavailable, ThrowawayPgBouncer
+from tests.throwaway_pgbouncer import ThrowawayPgBouncer, pgbouncer_or_skip
 from tests.throwaway_postgres import ThrowawayPostgres
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
@@ -52,8 +50,7 @@ def start_pgbouncer():
     end, also when the test fails. ``prepared_statements``: one that keeps them
     (1.21 or later), else one that does not.
 
-    PostgreSQL pass only. A missing ``pgbouncer`` (or one new enough) skips the
-    test, unless EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
+    PostgreSQL pass only; without a ``pgbouncer`` to run, see :func:`pgbouncer_or_skip`."""
     from everystep import database
 
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -62,14 +59,10 @@ def start_pgbouncer():
     started = []
 
     def start(pool_size: int = 2, prepared_statements: bool = False) -> ThrowawayPgBouncer:
-        try:
-            bouncer = ThrowawayPgBouncer(
-                target["HOST"], target["PORT"], pool_size=pool_size, prepared_statements=prepared_statements
-            )
-        except PgBouncerUnavailable as exc:
-            if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
-                pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
-            pytest.skip(str(exc))
+        pgbouncer_or_skip(prepared_statements)
+        bouncer = ThrowawayPgBouncer(
+            target["HOST"], target["PORT"], pool_size=pool_size, prepared_statements=prepared_statements
+        )
         started.append(bouncer)
         return bouncer.start()
 

@@ -15,6 +15,7 @@ from django.db import connection
 
 from bench.run import summary_rows
 from tests.scripts import ROOT, run_script
+from tests.throwaway_pgbouncer import pgbouncer_or_skip
 
 
 def server_url(database: str) -> str:
@@ -217,3 +218,13 @@ def test_children(tmp_path):
 def test_limits_runs():
     done = bench("limits.py", "--claims", "3", "--backlog", "20")
     assert "limited runs, room" in done.stdout
+
+
+def test_a_fleet_straight_and_through_pgbouncer(tmp_path):
+    if connection.vendor == "postgresql":
+        pgbouncer_or_skip(prepared_statements=True)
+    figures = figures_of(tmp_path, "pgbouncer.py", "--runs", "30", "--rounds", "1", "--fleet", "1x2",
+                         "--server-connections", "1")
+    assert set(figures["medians"]) == {"direct", "pgbouncer, prepared", "pgbouncer, unprepared"}
+    assert all(m["steps_per_s"] > 0 and m["cpu_us_per_step"] > 0 for m in figures["medians"].values())
+    assert figures["prepared_over_unprepared"] > 0

@@ -79,6 +79,20 @@ def prepared_statements_program() -> str:
     )
 
 
+def pgbouncer_or_skip(prepared_statements: bool = False) -> str:
+    """The ``pgbouncer`` program a PgBouncer test runs (one that keeps prepared
+    statements, 1.21 or later, if ``prepared_statements``). A missing one skips
+    the test, unless EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
+    import pytest
+
+    try:
+        return prepared_statements_program() if prepared_statements else pgbouncer_program()
+    except PgBouncerUnavailable as exc:
+        if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
+            pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
+        pytest.skip(str(exc))
+
+
 def version(program: str | None = None) -> str:
     """``PgBouncer 1.18.0``: the first line of ``pgbouncer --version``."""
     command = [program or pgbouncer_program(), "--version"]

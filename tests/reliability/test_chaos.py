@@ -7,14 +7,13 @@ bench/chaos.py). The other soaks run the workers behind a PgBouncer of their own
 (transaction pooling), killed and restarted once: with prepared statements off,
 as PgBouncer 1.18 needs, and on, through one that keeps them (1.21 or later)."""
 
-import os
 import re
 
 import pytest
 from django.conf import settings
 
 from tests.scripts import run_script
-from tests.throwaway_pgbouncer import PgBouncerUnavailable, pgbouncer_program, prepared_statements_program
+from tests.throwaway_pgbouncer import pgbouncer_or_skip
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,12 +32,7 @@ def test_short_chaos_soak_keeps_every_promise():
 def test_short_chaos_soak_behind_pgbouncer_keeps_every_promise(prepared):
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         pytest.skip("the soak runs in the PostgreSQL pass")
-    try:
-        prepared_statements_program() if prepared else pgbouncer_program()
-    except PgBouncerUnavailable as exc:
-        if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
-            pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
-        pytest.skip(str(exc))
+    pgbouncer_or_skip(prepared)
     flags = ["--pgbouncer", "--prepared"] if prepared else ["--pgbouncer"]
     out = run_script("bench/chaos.py", "--short", "--seed", "7", *flags, timeout=600)
     print(out.stdout)
