@@ -82,9 +82,10 @@ def main(argv=None) -> dict:
             for config in CONFIGS:
                 configure(config, direct_url, bouncer)
                 figures[config].append(fleet_figures(args.runs, args.fleet, args.poll))
+            latest = {config: rounds[-1] for config, rounds in figures.items()}
             print(f"round {i + 1}: " + ", ".join(
-                f"{config} {last['steps_per_s']:.0f} steps/s ({last['cpu_us_per_step']:.0f} us CPU/step)"
-                for config, last in ((c, rounds[-1]) for c, rounds in figures.items())), flush=True)
+                f"{config} {f['steps_per_s']:.0f} steps/s ({f['cpu_us_per_step']:.0f} us CPU/step)"
+                for config, f in latest.items()), flush=True)
     medians = {config: {key: median(r[key] for r in rounds) for key in ("steps_per_s", "cpu_us_per_step")}
                for config, rounds in figures.items()}
     rate = {config: m["steps_per_s"] for config, m in medians.items()}

@@ -15,9 +15,9 @@ installed one if it is that new, else the one ``scripts/pgbouncer`` builds
 ``max_prepared_statements = 0``, so that both behave as 1.18 does.
 
 ``restart()`` kills the process (SIGKILL: every client connection is cut off)
-and starts it again on the same port. Stopping it (also when the code using it fails: use it as a
-context manager) kills it and removes the directory. Nothing else on the
-machine is touched.
+and starts it again on the same port. Stopping it (also when the code using
+it fails: use it as a context manager) kills it and removes the directory.
+Nothing else on the machine is touched.
 
 PgBouncer refuses to run as root: as root, it drops to the ``postgres``
 account (``pgbouncer -u``), which then owns the directory.
@@ -25,6 +25,7 @@ account (``pgbouncer -u``), which then owns the directory.
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,16 +94,16 @@ def pgbouncer_or_skip(prepared_statements: bool = False) -> str:
         pytest.skip(str(exc))
 
 
-def version(program: str | None = None) -> str:
-    """``PgBouncer 1.18.0``: the first line of ``pgbouncer --version``."""
-    command = [program or pgbouncer_program(), "--version"]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+def version(program: str) -> str:
+    """``PgBouncer 1.18.0``: the first line of ``<program> --version``."""
+    done = subprocess.run([program, "--version"], capture_output=True, text=True, check=True)
     return done.stdout.splitlines()[0].strip()
 
 
 def version_number(program: str) -> tuple[int, ...]:
-    """``(1, 18, 0)`` for ``PgBouncer 1.18.0``."""
-    return tuple(int(part) for part in version(program).split()[1].split("."))
+    """``(1, 18, 0)`` for ``PgBouncer 1.18.0``; ``()`` if it names none."""
+    found = re.search(r"\d+(?:\.\d+)+", version(program))
+    return tuple(int(part) for part in found[0].split(".")) if found else ()
 
 
 class ThrowawayPgBouncer:
