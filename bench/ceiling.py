@@ -116,11 +116,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def everystep_round(runs: int, config: tuple[int, int], poll: float) -> dict:
-    """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads,
-    started and idle before the runs are scheduled."""
+def everystep_round(
+    runs: int, config: tuple[int, int], poll: float, *, prefix: str = "bench-ceiling"
+) -> dict:
+    """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads
+    (named ``<prefix>-<processes>x<pool>-<i>``), started and idle before the runs
+    are scheduled: steps/s, and the workers' CPU time per step."""
     processes, pool = config
-    names = [f"bench-ceiling-{label(config)}-{i}" for i in range(processes)]
+    names = [f"{prefix}-{label(config)}-{i}" for i in range(processes)]
     round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True,
                          sample=lambda procs: sum(cpu_seconds(p.pid) for p in procs))
     steps = round_["steps"]

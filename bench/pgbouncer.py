@@ -28,9 +28,8 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ceiling import cpu_seconds, label, parse_config  # noqa: E402
+from bench.ceiling import everystep_round, label, parse_config  # noqa: E402
 from bench.common import median, setup, table  # noqa: E402
-from bench.fleet import fleet_round  # noqa: E402
 from tests.throwaway_pgbouncer import ThrowawayPgBouncer  # noqa: E402
 
 CONFIGS = ["direct", "pgbouncer, prepared", "pgbouncer, unprepared"]
@@ -45,15 +44,6 @@ def configure(config: str, direct_url: str, bouncer: ThrowawayPgBouncer) -> None
             EVERYSTEP_BENCH_DATABASE_URL=bouncer.url(urlparse(direct_url).path.lstrip("/")),
             EVERYSTEP_BENCH_PREPARED_STATEMENTS="1" if config.endswith(", prepared") else "0",
         )
-
-
-def fleet_figures(runs: int, fleet: tuple[int, int], poll: float) -> dict:
-    processes, pool = fleet
-    names = [f"bench-pgbouncer-{i}" for i in range(processes)]
-    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True,
-                         sample=lambda procs: sum(cpu_seconds(p.pid) for p in procs))
-    steps = round_["steps"]
-    return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6}
 
 
 def main(argv=None) -> dict:
@@ -81,7 +71,8 @@ def main(argv=None) -> dict:
         for i in range(args.rounds):
             for config in CONFIGS:
                 configure(config, direct_url, bouncer)
-                figures[config].append(fleet_figures(args.runs, args.fleet, args.poll))
+                round_ = everystep_round(args.runs, args.fleet, args.poll, prefix="bench-pgbouncer")
+                figures[config].append(round_)
             latest = {config: rounds[-1] for config, rounds in figures.items()}
             print(f"round {i + 1}: " + ", ".join(
                 f"{config} {f['steps_per_s']:.0f} steps/s ({f['cpu_us_per_step']:.0f} us CPU/step)"
