@@ -3,7 +3,7 @@ from django.conf import settings
 
 from everystep import runner
 from tests.scratch import cron_workflow, scratch_modules  # noqa: F401  (fixtures for every test package)
-from tests.throwaway_pgbouncer import ThrowawayPgBouncer, pgbouncer_or_skip
+from tests.throwaway_pgbouncer import PgBouncerUnavailable, ThrowawayPgBouncer, skip_or_fail
 from tests.throwaway_postgres import ThrowawayPostgres
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
@@ -50,7 +50,7 @@ def start_pgbouncer():
     end, also when the test fails. ``prepared_statements``: one that keeps them
     (1.21 or later), else one that does not.
 
-    PostgreSQL pass only; without a ``pgbouncer`` to run, see :func:`pgbouncer_or_skip`."""
+    PostgreSQL pass only; without a ``pgbouncer`` to run, see :func:`skip_or_fail`."""
     from everystep import database
 
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -59,10 +59,12 @@ def start_pgbouncer():
     started = []
 
     def start(pool_size: int = 2, prepared_statements: bool = False) -> ThrowawayPgBouncer:
-        pgbouncer_or_skip(prepared_statements)
-        bouncer = ThrowawayPgBouncer(
-            target["HOST"], target["PORT"], pool_size=pool_size, prepared_statements=prepared_statements
-        )
+        try:
+            bouncer = ThrowawayPgBouncer(
+                target["HOST"], target["PORT"], pool_size=pool_size, prepared_statements=prepared_statements
+            )
+        except PgBouncerUnavailable as exc:
+            skip_or_fail(exc)
         started.append(bouncer)
         return bouncer.start()
 

@@ -33,6 +33,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from tests.throwaway import run_as, start_on_a_free_port
 
@@ -80,18 +81,28 @@ def prepared_statements_program() -> str:
     )
 
 
+def program_for(prepared_statements: bool) -> str:
+    """The PgBouncer to run: one that keeps prepared statements (1.21 or later), or any."""
+    return prepared_statements_program() if prepared_statements else pgbouncer_program()
+
+
 def pgbouncer_or_skip(prepared_statements: bool = False) -> str:
-    """The ``pgbouncer`` program a PgBouncer test runs (one that keeps prepared
-    statements, 1.21 or later, if ``prepared_statements``). A missing one skips
-    the test, unless EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes it a failure."""
+    """The ``pgbouncer`` program a PgBouncer test runs (:func:`program_for`); a
+    missing one skips the test (:func:`skip_or_fail`)."""
+    try:
+        return program_for(prepared_statements)
+    except PgBouncerUnavailable as exc:
+        skip_or_fail(exc)
+
+
+def skip_or_fail(exc: PgBouncerUnavailable) -> NoReturn:
+    """Skip the test that has no PgBouncer to run, unless
+    EVERYSTEP_REQUIRE_PGBOUNCER=1 (CI) makes that a failure."""
     import pytest
 
-    try:
-        return prepared_statements_program() if prepared_statements else pgbouncer_program()
-    except PgBouncerUnavailable as exc:
-        if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
-            pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
-        pytest.skip(str(exc))
+    if os.environ.get("EVERYSTEP_REQUIRE_PGBOUNCER") == "1":
+        pytest.fail(f"EVERYSTEP_REQUIRE_PGBOUNCER=1 but {exc}")
+    pytest.skip(str(exc))
 
 
 def version(program: str) -> str:
@@ -110,7 +121,7 @@ class ThrowawayPgBouncer:
     """``with ThrowawayPgBouncer("127.0.0.1", 5432) as bouncer:`` a running PgBouncer, gone afterwards."""
 
     def __init__(self, host: str, port: int | str, *, pool_size: int = 2, prepared_statements: bool = False):
-        self.program = prepared_statements_program() if prepared_statements else pgbouncer_program()
+        self.program = program_for(prepared_statements)
         self.target = (host or "127.0.0.1", int(port or 5432))
         self.pool_size = pool_size
         self.prepared_statements = prepared_statements
