@@ -176,3 +176,60 @@ def psycopg_session():
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as other:
         yield other
+
+
+# ------------------------------------------------ the fenced statements' plans
+#
+# A fenced statement names its run by primary key; it must be planned through
+# that key whatever the table's statistics say. Given ``status = 'running' AND
+# claimed_by = ...`` as two conditions, PostgreSQL planned it through the
+# claimer's or the status index when the statistics predated the worker's runs
+# (a fresh table, a new worker's name), reading every run the worker had
+# claimed, or every running run, for each step recorded.
+
+FENCED = {
+    "a step's insert": (statements.INSERT_STEP, ["uuid", "text", "text", "jsonb", "jsonb", "text", "jsonb",
+                                                 "jsonb", "uuid", "text"]),
+    "a run's end": (statements.FINISH_RUN, ["text", "jsonb", "jsonb", "timestamptz", "uuid", "text"]),
+}
+
+
+def workflow_scans(plan: dict) -> list[dict]:
+    scan = plan["Node Type"].endswith("Scan") and plan.get("Relation Name") == "everystep_workflow"
+    found = [plan] if scan else []
+    for child in plan.get("Plans", []):
+        found += workflow_scans(child)
+    return found
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("statement", sorted(FENCED))
+def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics(statement, plan_cache_mode):
+    if database.connection().vendor != "postgresql":
+        pytest.skip("PostgreSQL's planner")
+    # Statistics taken before this worker's runs: its name and running runs unknown to them.
+    Workflow.objects.bulk_create(
+        Workflow(name="x.y", args=[], status="completed", claimed_by=f"old-{i % 10}") for i in range(300)
+    )
+    with database.connection().cursor() as cursor:
+        cursor.execute("ANALYZE everystep_workflow")
+    Workflow.objects.bulk_create(
+        Workflow(name="x.y", args=[], status="completed", claimed_by=CLAIMER) for _ in range(2000)
+    )
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+
+    sql, types = FENCED[statement]
+    values = {"uuid": str(run.id), "text": CLAIMER, "jsonb": "1", "timestamptz": timezone.now()}
+    with database.connection().cursor() as cursor:
+        cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
+        numbered = statements.Libpq("fenced", sql, types=[0] * len(types)).sql.decode()
+        cursor.execute(f"PREPARE fenced({', '.join(types)}) AS {numbered}")
+        cursor.execute(
+            f"EXPLAIN (FORMAT JSON) EXECUTE fenced({', '.join(['%s'] * len(types))})",
+            [values[kind] for kind in types],
+        )
+        plan = cursor.fetchone()[0][0]["Plan"]
+        cursor.execute("DEALLOCATE fenced")
+    scans = workflow_scans(plan)
+    assert [scan.get("Index Name") for scan in scans] == ["everystep_workflow_pkey"], plan
