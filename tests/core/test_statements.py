@@ -188,8 +188,10 @@ def psycopg_session():
 # claimed, or every running run, for each step recorded.
 
 FENCED = {
-    "a step's insert": (statements.INSERT_STEP, ["uuid", "text", "text", "jsonb", "jsonb", "text", "jsonb",
-                                                 "jsonb", "uuid", "text"]),
+    "a step's insert": (
+        statements.INSERT_STEP,
+        ["uuid", "text", "text", "jsonb", "jsonb", "text", "jsonb", "jsonb", "uuid", "text"],
+    ),
     "a run's end": (statements.FINISH_RUN, ["text", "jsonb", "jsonb", "timestamptz", "uuid", "text"]),
 }
 
