@@ -67,9 +67,7 @@ def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -
     with database.atomic():
         # Locking the parent's row makes an operator's stop or requeue wait
         # for this transaction, or this one see it and write nothing.
-        owned = Workflow.objects.select_for_update().filter(
-            id=parent_id, status=Workflow.Status.RUNNING, claimed_by=claimer
-        )
+        owned = Workflow.objects.select_for_update().filter(id=parent_id).running_under(claimer)
         if not list(owned.values_list("id", flat=True)):
             return None
         child, inserted = insert_run_once(Workflow, name, args, child_key(parent_id, step_id))

@@ -6,8 +6,9 @@ import datetime as dt
 
 import uuid6
 from django.db import models
-from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db.models import Case, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, When
 from django.db.models.functions import Now
+from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from . import database
@@ -34,6 +35,14 @@ class WorkflowQuerySet(models.QuerySet):
     def parked_by(self, name):
         """Runs left ``running`` under a claimer's name."""
         return self.filter(status=Workflow.Status.RUNNING, claimed_by=name)
+
+    def running_under(self, claimer):
+        """The fence of a write to one run (``filter(id=...)`` first): the run,
+        while it is ``running`` under ``claimer``. One expression, as in the
+        hot path's SQL (``statements.RUNNING_UNDER``), so that the run is found
+        by its primary key whatever the table's statistics say."""
+        running_claimer = Case(When(status=Workflow.Status.RUNNING, then=F("claimed_by")))
+        return self.filter(Exact(running_claimer, claimer))
 
 
 class Workflow(models.Model):

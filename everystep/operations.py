@@ -45,7 +45,7 @@ def finish_run(run_id, claimer: str, status: str, *, result=None, error=None) ->
 def release_run(run_id, claimer: str) -> bool:
     """``running`` under ``claimer`` -> ``scheduled`` with no claimer (drain at shutdown)."""
     return bool(
-        Workflow.objects.filter(id=run_id, status=Status.RUNNING, claimed_by=claimer).update(
+        Workflow.objects.filter(id=run_id).running_under(claimer).update(
             status=Status.SCHEDULED, claimed_by=None
         )
     )

@@ -294,7 +294,7 @@ def suspend_run(run_id, claimer: str, waiting: Waiting) -> str | None:
     from .models import Wait, Workflow
 
     with database.atomic():
-        moved = Workflow.objects.filter(id=run_id, status=Status.RUNNING, claimed_by=claimer).update(
+        moved = Workflow.objects.filter(id=run_id).running_under(claimer).update(
             status=Status.WAITING, claimed_by=None
         )
         if not moved:

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 import pytest
 from django.db import IntegrityError, OperationalError
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from everystep import database, serde, statements
-from everystep.models import Step, Workflow
+from everystep import children, database, operations, serde, statements, waits
+from everystep.models import ChildRun, Step, Workflow
 from tests.core import workflows as w
 from tests.helpers import CLAIMER, run_workflow
 
@@ -180,7 +181,7 @@ def psycopg_session():
 
 # ------------------------------------------------ the fenced statements' plans
 #
-# A fenced statement names its run by primary key; it must be planned through
+# A fenced write names its run by primary key; it must be planned through
 # that key whatever the table's statistics say. Given ``status = 'running' AND
 # claimed_by = ...`` as two conditions, PostgreSQL planned it through the
 # claimer's or the status index when the statistics predated the worker's runs
@@ -196,18 +197,10 @@ FENCED = {
 }
 
 
-def workflow_scans(plan: dict) -> list[dict]:
-    scan = plan["Node Type"].endswith("Scan") and plan.get("Relation Name") == "everystep_workflow"
-    found = [plan] if scan else []
-    for child in plan.get("Plans", []):
-        found += workflow_scans(child)
-    return found
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("statement", sorted(FENCED))
-def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics(statement, plan_cache_mode):
+@pytest.fixture
+def stale_statistics(db):
+    """A run ``running`` under CLAIMER, among 2,000 it ran before, none of
+    them known to the statistics of the runs' table."""
     if database.connection().vendor != "postgresql":
         pytest.skip("PostgreSQL's planner")
     with database.connection().cursor() as cursor:
@@ -215,8 +208,9 @@ def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics
         # only: it stands in for the real one in this session, and its
         # statistics go with it (ANALYZE on the real table would leave its
         # row count behind for the tests after this one).
-        cursor.execute("CREATE TEMPORARY TABLE everystep_workflow (LIKE public.everystep_workflow INCLUDING ALL)")
-    # Statistics taken before this worker's runs: its name and running runs unknown to them.
+        cursor.execute(
+            "CREATE TEMPORARY TABLE everystep_workflow (LIKE public.everystep_workflow INCLUDING ALL)"
+        )
     Workflow.objects.bulk_create(
         Workflow(name="x.y", args=[], status="completed", claimed_by=f"old-{i % 10}") for i in range(300)
     )
@@ -226,18 +220,58 @@ def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics
         Workflow(name="x.y", args=[], status="completed", claimed_by=CLAIMER) for _ in range(2000)
     )
     run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    with database.connection().cursor() as cursor:
+        # Also in the real table, for the foreign keys of the rows a write adds (a wait, a child's link).
+        cursor.execute(
+            "INSERT INTO public.everystep_workflow SELECT * FROM everystep_workflow WHERE id = %s", [run.id]
+        )
+    return run
 
+
+def run_lookups(sql: str, params=()) -> list[str | None]:
+    """The index each scan of the runs' table in ``sql``'s plan goes through."""
+    with database.connection().cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+    return [scan.get("Index Name") for scan in _run_scans(plan)]
+
+
+def _run_scans(plan: dict) -> list[dict]:
+    scan = plan["Node Type"].endswith("Scan") and plan.get("Relation Name") == "everystep_workflow"
+    below = [found for child in plan.get("Plans", []) for found in _run_scans(child)]
+    return [plan, *below] if scan else below
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("statement", sorted(FENCED))
+def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics(
+    stale_statistics, statement, plan_cache_mode
+):
     sql, types = FENCED[statement]
+    run = stale_statistics
     values = {"uuid": str(run.id), "text": CLAIMER, "jsonb": "1", "timestamptz": timezone.now()}
     with database.connection().cursor() as cursor:
         cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
         numbered = statements.Libpq("fenced", sql, types=[0] * len(types)).sql.decode()
         cursor.execute(f"PREPARE fenced({', '.join(types)}) AS {numbered}")
-        cursor.execute(
-            f"EXPLAIN (FORMAT JSON) EXECUTE fenced({', '.join(['%s'] * len(types))})",
-            [values[kind] for kind in types],
-        )
-        plan = cursor.fetchone()[0][0]["Plan"]
+    lookups = run_lookups(f"EXECUTE fenced({', '.join(['%s'] * len(types))})", [values[t] for t in types])
+    with database.connection().cursor() as cursor:
         cursor.execute("DEALLOCATE fenced")
-    scans = workflow_scans(plan)
-    assert [scan.get("Index Name") for scan in scans] == ["everystep_workflow_pkey"], plan
+    assert lookups == ["everystep_workflow_pkey"]
+
+
+FENCED_ORM_WRITES = {
+    "a drained run's release": lambda run: operations.release_run(run.id, CLAIMER),
+    "a run's suspension": lambda run: waits.suspend_run(run.id, CLAIMER, waits.Waiting("1", "sleep")),
+    "a child's start": lambda run: children.insert_child(run.id, CLAIMER, "1", "x.child", []),
+}
+
+
+@pytest.mark.parametrize("write", sorted(FENCED_ORM_WRITES))
+def test_a_fenced_orm_write_finds_its_run_by_primary_key_whatever_the_statistics(stale_statistics, write):
+    with CaptureQueriesContext(database.connection()) as queries:
+        assert FENCED_ORM_WRITES[write](stale_statistics)
+    # A child run went into the copy only: its link would fail its foreign key at the test's end.
+    ChildRun.objects.filter(parent_id=stale_statistics.id).delete()
+    fenced = [query["sql"] for query in queries if f"'{CLAIMER}'" in query["sql"]]
+    assert fenced and all(run_lookups(sql) == ["everystep_workflow_pkey"] for sql in fenced), fenced
