@@ -40,13 +40,14 @@ except ImportError:  # run as a script
 
 PGBENCH_CLAIMER = "pgbench"
 # One running run per pgbench client (pgbench numbers them from 0), its id
-# worked out from the client's number so that the script needs no lookup.
+# worked out from the client's number so that the script needs no lookup. Its
+# fence is filled in with the worker's own (everystep.statements.RUNNING_UNDER).
 PGBENCH_SCRIPT = """\
 INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error)
-SELECT id, nextval('ceiling_step_seq')::text, 'bench.workflows.noop', '[1]', '{}', 'done', '1', NULL
+SELECT id, nextval('ceiling_step_seq')::text, 'bench.workflows.noop', '[1]', '{{}}', 'done', '1', NULL
 FROM everystep_workflow
 WHERE id = ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid
-AND status = 'running' AND claimed_by = 'pgbench';
+AND {fence};
 """
 # Targets (bench/run.py prints them with PASS/MISS).
 SOLO_SHARE = 0.75  # 1 x 1, 10-step runs, of pgbench at 1 client
@@ -157,7 +158,9 @@ def main(argv=None):
     ours = {label(c): [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="everystep-ceiling-") as tmp:
         script = Path(tmp) / "step.sql"
-        script.write_text(PGBENCH_SCRIPT)
+        from everystep.statements import RUNNING_UNDER
+
+        script.write_text(PGBENCH_SCRIPT.format(fence=RUNNING_UNDER % f"'{PGBENCH_CLAIMER}'"))
         for i in range(args.rounds):
             pg["1"].append(pgbench_round(1, args.seconds, script))
             ours["1x1"].append(everystep_round(args.runs, (1, 1), args.poll))
