@@ -38,11 +38,20 @@ class WorkflowQuerySet(models.QuerySet):
 
     def running_under(self, claimer):
         """The fence of a write to one run (``filter(id=...)`` first): the run,
-        while it is ``running`` under ``claimer``. One expression, as in the
-        hot path's SQL (``statements.RUNNING_UNDER``), so that the run is found
-        by its primary key whatever the table's statistics say."""
-        running_claimer = Case(When(status=Workflow.Status.RUNNING, then=F("claimed_by")))
-        return self.filter(Exact(running_claimer, claimer))
+        while it is ``running`` under ``claimer``."""
+        return self.filter(running_under(claimer))
+
+
+def running_under(claimer, run: str = "") -> Exact:
+    """The fence of a write to one run, as a filter: the run (``run``: the path
+    to it, ``"workflow__"`` from a step) is ``running`` under ``claimer``.
+
+    One expression, as in the hot path's SQL (``statements.RUNNING_UNDER``),
+    so that the run is found by its primary key whatever the table's
+    statistics say: with the status and the claimer as two conditions,
+    PostgreSQL may plan the lookup through their indexes instead."""
+    running_claimer = Case(When(**{f"{run}status": Workflow.Status.RUNNING}, then=F(f"{run}claimed_by")))
+    return Exact(running_claimer, claimer)
 
 
 class Workflow(models.Model):

@@ -371,15 +371,14 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
 
 
 def _complete_started(row: _StepRow, status, result, error) -> None:
-    from .models import Step
+    from .models import Step, running_under
 
     state = row.state
     updated = Step.objects.filter(
+        running_under(state.claimer, run="workflow__"),
         workflow_id=state.workflow_id,
         step_id=row.step_id,
         status=StepStatus.STARTED,
-        workflow__status=Status.RUNNING,
-        workflow__claimed_by=state.claimer,
     ).update(status=status, result=result, error=error)
     if not updated:
         state.halt_with(

@@ -261,7 +261,7 @@ def _recorded_params(state, step_id: str) -> dict:
 
 def _complete(state, step_id: str, name: str, status: str, value) -> Any:
     """Complete the wait's ``started`` row, fenced like any step write."""
-    from .models import Step
+    from .models import Step, running_under
 
     if status == StepStatus.DONE:
         changes, error = {"result": value}, None
@@ -271,11 +271,10 @@ def _complete(state, step_id: str, name: str, status: str, value) -> Any:
 
     def write():
         return Step.objects.filter(
+            running_under(state.claimer, run="workflow__"),
             workflow_id=state.workflow_id,
             step_id=step_id,
             status=StepStatus.STARTED,
-            workflow__status=Status.RUNNING,
-            workflow__claimed_by=state.claimer,
         ).update(status=status, **changes)
 
     if not runner._guarded_db(state, write):

@@ -1,7 +1,7 @@
 """Workflows that start child runs, for the child-run tests."""
 
-from everystep import start_child, step, workflow
-from tests.core.workflows import effect, record
+from everystep import sleep, start_child, step, workflow
+from tests.core.workflows import charge, effect, record
 
 
 @workflow
@@ -89,3 +89,17 @@ def parent_of(kind, arg):
 @workflow
 def lets_the_failure_fail_it():
     return start_child(fails, "deep").result()
+
+
+@workflow
+def every_fenced_write(n):
+    """Each kind of write a run's body makes, fenced on its claimer: a step, an
+    unsafe step (its ``started`` row, then its completion), a child's start,
+    a wait over at once (its ``started`` row, then its completion), and a
+    wait that suspends the run."""
+    record(f"step:{n}")
+    charge(n)
+    start_child(child_of, n)
+    sleep(0)
+    sleep(3600)
+    return n
