@@ -189,13 +189,8 @@ def psycopg_session():
 # (a fresh table, a new worker's name), reading every run the worker had
 # claimed, or every running run, for each step recorded.
 
-FENCED = {
-    "a step's insert": (
-        statements.INSERT_STEP,
-        ["uuid", "text", "text", "jsonb", "jsonb", "text", "jsonb", "jsonb", "uuid", "text"],
-    ),
-    "a run's end": (statements.FINISH_RUN, ["text", "jsonb", "jsonb", "timestamptz", "uuid", "text"]),
-}
+# The statements as the engine prepares them, with their parameters' types.
+FENCED = {"a step's insert": statements._INSERT_STEP_LIBPQ, "a run's end": statements._FINISH_RUN_LIBPQ}
 
 
 @pytest.fixture
@@ -248,14 +243,19 @@ def _run_scans(plan: dict) -> list[dict]:
 def test_a_fenced_statement_finds_its_run_by_primary_key_whatever_the_statistics(
     stale_statistics, statement, plan_cache_mode
 ):
-    sql, types = FENCED[statement]
+    prepared = FENCED[statement]
     run = stale_statistics
-    values = {"uuid": str(run.id), "text": CLAIMER, "jsonb": "1", "timestamptz": timezone.now()}
+    values = {
+        statements.UUID: str(run.id), statements.TEXT: CLAIMER, statements.JSONB: "1",
+        statements.TIMESTAMPTZ: timezone.now(),
+    }
     with database.connection().cursor() as cursor:
+        cursor.execute("SELECT %s::oid[]::regtype[]::text[]", [prepared.types])
+        (types,) = cursor.fetchone()
         cursor.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")
-        numbered = statements.Libpq("fenced", sql, types=[0] * len(types)).sql.decode()
-        cursor.execute(f"PREPARE fenced({', '.join(types)}) AS {numbered}")
-    lookups = run_lookups(f"EXECUTE fenced({', '.join(['%s'] * len(types))})", [values[t] for t in types])
+        cursor.execute(f"PREPARE fenced({', '.join(types)}) AS {prepared.sql.decode()}")
+    params = [values[oid] for oid in prepared.types]
+    lookups = run_lookups(f"EXECUTE fenced({', '.join(['%s'] * len(params))})", params)
     with database.connection().cursor() as cursor:
         cursor.execute("DEALLOCATE fenced")
     assert lookups == ["everystep_workflow_pkey"]
