@@ -207,9 +207,11 @@ def requeue_run(
     run_id = parse_run_id(run_id)
     _allowed_from(run_id, expected_status, REQUEUEABLE, "requeued")
     with database.atomic():
-        running = Workflow.objects.filter(id=run_id, status=Status.RUNNING)
-        if expected_claimer is not None:
-            running = running.filter(claimed_by=expected_claimer)
+        running = Workflow.objects.filter(id=run_id)
+        if expected_claimer is None:
+            running = running.filter(status=Status.RUNNING)
+        else:
+            running = running.running_under(expected_claimer)
         updated = running.update(status=Status.SCHEDULED, claimed_by=None)
         if not updated:
             still_running = Workflow.objects.filter(id=run_id, status=Status.RUNNING)

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from everystep import database, operations, registry, runner, serde, statements
+from everystep.errors import EverystepError
 from everystep.models import ChildRun, Step, Workflow
 from tests.core import workflows as w
 from tests.core.child_workflows import every_fenced_write
@@ -268,9 +269,12 @@ def test_a_runs_fenced_orm_writes_find_it_by_primary_key_whatever_the_statistics
         runner.execute(Workflow.objects.get(id=run.id), CLAIMER)
         assert Workflow.objects.get(id=run.id).status == "waiting"
         operations.release_run(run.id, CLAIMER)  # a drain's release (of a run that has left by now)
+        with pytest.raises(EverystepError, match="is waiting: only a running run can be requeued"):
+            operations.requeue_run(run.id, expected_status=None, expected_claimer=CLAIMER)
     # A child run went into the copy only: its link would fail its foreign key at the test's end.
     ChildRun.objects.filter(parent_id=run.id).delete()
     fenced = [query["sql"] for query in queries if f"'{CLAIMER}'" in query["sql"].partition(" WHERE ")[2]]
-    # The unsafe step's completion, the child's start, the wait's completion, the suspension, the release.
-    assert len(fenced) >= 5, fenced
+    # The unsafe step's completion, the child's start, the wait's completion, the suspension, the
+    # release, an operator's requeue from that claimer.
+    assert len(fenced) >= 6, fenced
     assert {sql: run_lookups(sql) for sql in fenced} == {sql: ["everystep_workflow_pkey"] for sql in fenced}
