@@ -110,28 +110,43 @@ start_time = Gauge(
 _TERMINAL = frozenset(RunStatus.terminal_values())
 
 
+class _Series(dict):
+    """The labelled children of ``metrics`` (sharing their label names), by
+    label values, made once: ``labels()`` validates and locks on every call,
+    which is most of what an update costs on a worker's path per run and per
+    step."""
+
+    def __init__(self, *metrics):
+        super().__init__()
+        self.metrics = metrics
+
+    def __missing__(self, labels: tuple) -> tuple:
+        children = self[labels] = tuple(metric.labels(*labels) for metric in self.metrics)
+        return children
+
+
+_run_series = _Series(runs_ended, run_duration)
+_step_series = _Series(steps_executed, step_duration)
+_requeued_series = _Series(runs_requeued)
+_claimed_series = _Series(runs_claimed)
+
+
 def run_ended(workflow: str, status: str | None, runner: str, seconds: float) -> None:
     """``status`` as the runner wrote it: terminal, ``scheduled`` (the run left
     at a step boundary) or None (nothing written: fenced or crashed)."""
     if status in _TERMINAL:
-        runs_ended.labels(workflow, status, runner).inc()
-        run_duration.labels(workflow, status, runner).observe(seconds)
+        ended, duration = _run_series[workflow, status, runner]
+        ended.inc()
+        duration.observe(seconds)
     elif status == RunStatus.SCHEDULED:
-        runs_requeued.labels(runner).inc()
-
-
-# The labelled children of the two step metrics, by label values: labels()
-# validates and locks on every call, which is most of the per-step cost.
-_step_series: dict[tuple, tuple] = {}
+        (requeued_runs,) = _requeued_series[runner,]
+        requeued_runs.inc()
 
 
 def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: float) -> None:
-    key = (workflow, step, outcome, runner)
-    series = _step_series.get(key)
-    if series is None:
-        series = _step_series[key] = (steps_executed.labels(*key), step_duration.labels(*key))
-    series[0].inc()
-    series[1].observe(seconds)
+    executed, duration = _step_series[workflow, step, outcome, runner]
+    executed.inc()
+    duration.observe(seconds)
 
 
 def suspended(workflow: str, kind: str, runner: str) -> None:
@@ -157,7 +172,8 @@ def worker_started(name: str, size: int) -> None:
 
 
 def claimed(name: str, n: int) -> None:
-    runs_claimed.labels(name).inc(n)
+    (claimed_runs,) = _claimed_series[name,]
+    claimed_runs.inc(n)
 
 
 def requeued(name: str, n: int) -> None:
