@@ -131,3 +131,18 @@ def test_a_sampled_out_run_makes_no_span_at_all(spans):
     with trace.use_span(NonRecordingSpan(parent)):
         assert run_workflow(w.forked).status == "completed"
     assert spans.get_finished_spans() == ()
+
+
+def test_without_a_tracer_provider_a_run_starts_no_span(spans, monkeypatch):
+    # As in a project that has the API installed (often pulled in by another
+    # package) but configures no provider: the run makes no span, not even a
+    # non-recording one, so it pays nothing for tracing but the check.
+    from everystep.observability import tracing
+
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    started = []
+    monkeypatch.setattr(tracing.tracer, "start_as_current_span", lambda *a, **k: started.append(a))
+    assert run_workflow(w.forked).status == "completed"
+    assert run_workflow(w.failing).status == "failed"
+    assert started == []
+    assert spans.get_finished_spans() == ()
