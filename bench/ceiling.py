@@ -15,7 +15,12 @@ configuration drains ``--runs`` runs of 10 trivial steps
 (``bench.workflows.ten_steps``), timed from the first claim to the last
 ``completed_at``. The workers are started and idle before the runs are
 scheduled, so their CPU time (user + system, from /proc) over the drain is
-the cost of the runs alone: it is reported per recorded step.
+the cost of the runs alone: it is reported per recorded step. When the
+PostgreSQL server runs on this machine, its CPU time (every process of it) is
+read the same way, per recorded step and per pgbench transaction, so that the
+table shows what a step costs the server next to what the ceiling's
+transaction does; everystep's figure covers all the server did for the runs,
+their scheduling included. Read it on a server nothing else uses meanwhile.
 
 Figures are medians over ``--rounds`` rounds. Usage:
     python bench/ceiling.py [--runs 1000] [--rounds 3] [--seconds 5]
@@ -29,6 +34,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 try:
@@ -72,8 +78,9 @@ def label(config: tuple[int, int]) -> str:
 # ---------------------------------------------------------------- pgbench
 
 
-def pgbench_round(clients: int, seconds: float, script: Path) -> float:
-    """Transactions per second of the step-shaped insert at ``clients`` clients."""
+def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") -> dict:
+    """Transactions per second of the step-shaped insert at ``clients`` clients,
+    and the server's CPU time per transaction (None when it is not on this machine)."""
     from django.conf import settings
     from django.db import connection
 
@@ -88,16 +95,37 @@ def pgbench_round(clients: int, seconds: float, script: Path) -> float:
         )
     connection.close()
     db = settings.DATABASES["default"]
+    server_before = server.cpu_seconds()
     done = subprocess.run(
         [_pgbench(), "-n", "-M", "prepared", "-c", str(clients),
          "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))), "-f", str(script),
          "-h", db["HOST"], "-p", str(db["PORT"] or 5432), "-U", db["USER"], db["NAME"]],
         capture_output=True, text=True,
     )
+    # pgbench's backends end after pgbench does: their time is the round's.
+    with connection.cursor() as cursor:
+        for _ in range(500):
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'")
+            if cursor.fetchone()[0] == 0:
+                break
+            time.sleep(0.01)
+    connection.close()
+    server_after = server.cpu_seconds()
     found = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", done.stdout)
-    if done.returncode or not found:
+    processed = re.search(r"number of transactions actually processed: ([0-9]+)", done.stdout)
+    if done.returncode or not found or not processed:
         raise RuntimeError(f"pgbench failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return float(found.group(1))
+    return {"tps": float(found.group(1)),
+            "server_cpu_us": _per(server_before, server_after, int(processed.group(1)))}
+
+
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f} us"
+
+
+def _per(before: float | None, after: float | None, count: int) -> float | None:
+    """CPU µs per unit between two samples (None when the server is not on this machine)."""
+    return None if before is None or after is None else (after - before) / count * 1e6
 
 
 def _pgbench() -> str:
@@ -113,22 +141,86 @@ def _pgbench() -> str:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command's name (the 3rd field is fields[0])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+class Server:
+    """The CPU time of the PostgreSQL server under the benchmark, when it runs
+    on this machine: its postmaster and every process it started (backends,
+    WAL writer, checkpointer, autovacuum). A process that exited meanwhile is
+    still counted, in its parent's children's time (stat's cutime and cstime).
+    ``postmaster`` is None when the server is elsewhere (another host, a
+    container with its own process ids): then there is nothing to read.
+    ``backend``: the process id one of the server's connections reports
+    (``pg_backend_pid()``)."""
+
+    def __init__(self, backend: int):
+        self.postmaster = None
+        try:
+            parent = int(_stat(backend)[1])
+            if all(_command(pid) == "postgres" for pid in (backend, parent)):
+                self.postmaster = parent
+        except (OSError, ValueError):
+            pass
+
+    def cpu_seconds(self) -> float | None:
+        if self.postmaster is None:
+            return None
+        for _ in range(500):
+            # Its own time and its reaped children's, then each live child's.
+            # A child the postmaster reaps during the scan would be counted
+            # twice or not at all, and one that exited but is not reaped yet
+            # shows no time of its own: read again until neither happened.
+            own = _stat(self.postmaster)[11:15]
+            children = self._children()
+            if all(child[0] != "Z" for child in children) and _stat(self.postmaster)[11:15] == own:
+                break
+            time.sleep(0.01)
+        ticks = sum(map(int, own)) + sum(int(child[11]) + int(child[12]) for child in children)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def _children(self) -> list[list[str]]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = _stat(int(entry.name))
+                except OSError:
+                    continue  # gone meanwhile
+                if int(fields[1]) == self.postmaster:
+                    found.append(fields)
+        return found
+
+
+def _command(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
 def everystep_round(
-    runs: int, config: tuple[int, int], poll: float, *, prefix: str = "bench-ceiling"
+    runs: int, config: tuple[int, int], poll: float, server: Server, *, prefix: str = "bench-ceiling"
 ) -> dict:
     """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads
     (named ``<prefix>-<processes>x<pool>-<i>``), started and idle before the runs
-    are scheduled: steps/s, and the workers' CPU time per step."""
+    are scheduled: steps/s, the workers' CPU time per step, and the server's
+    (None when it is not on this machine)."""
     processes, pool = config
     names = [f"{prefix}-{label(config)}-{i}" for i in range(processes)]
-    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True,
-                         sample=lambda procs: sum(cpu_seconds(p.pid) for p in procs))
+    server_samples = []
+
+    def sample(procs) -> float:
+        server_samples.append(server.cpu_seconds())
+        return sum(cpu_seconds(p.pid) for p in procs)
+
+    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True, sample=sample)
     steps = round_["steps"]
-    return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6}
+    return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6,
+            "server_cpu_us_per_step": _per(*server_samples, steps)}
 
 
 # ---------------------------------------------------------------- the sitting
@@ -152,6 +244,12 @@ def main(argv=None):
         parser.error("--rounds and --runs must be at least 1")
     _pgbench()
     setup("ceiling")
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        server = Server(cursor.fetchone()[0])
+    connection.close()
     configs = [(1, 1), args.fleet] + [c for c in args.curve if c not in ((1, 1), args.fleet)]
     fleet_clients = args.fleet[0] * args.fleet[1]
     pg = {"1": [], str(fleet_clients): []}
@@ -162,17 +260,17 @@ def main(argv=None):
 
         script.write_text(PGBENCH_SCRIPT.format(fence=RUNNING_UNDER % f"'{PGBENCH_CLAIMER}'"))
         for i in range(args.rounds):
-            pg["1"].append(pgbench_round(1, args.seconds, script))
-            ours["1x1"].append(everystep_round(args.runs, (1, 1), args.poll))
-            pg[str(fleet_clients)].append(pgbench_round(fleet_clients, args.seconds, script))
+            pg["1"].append(pgbench_round(1, args.seconds, script, server))
+            ours["1x1"].append(everystep_round(args.runs, (1, 1), args.poll, server))
+            pg[str(fleet_clients)].append(pgbench_round(fleet_clients, args.seconds, script, server))
             for config in configs[1:]:
-                ours[label(config)].append(everystep_round(args.runs, config, args.poll))
+                ours[label(config)].append(everystep_round(args.runs, config, args.poll, server))
             print(f"round {i + 1}: pgbench "
-                  + ", ".join(f"{k} client(s) {v[-1]:.0f} tx/s" for k, v in pg.items())
+                  + ", ".join(f"{k} client(s) {v[-1]['tps']:.0f} tx/s" for k, v in pg.items())
                   + "; everystep " + ", ".join(f"{k} {v[-1]['steps_per_s']:.0f} steps/s "
                                              f"({v[-1]['cpu_us_per_step']:.0f} us CPU/step)"
                                              for k, v in ours.items()), flush=True)
-    pg_med = {k: median(v) for k, v in pg.items()}
+    pg_med = {k: median(r["tps"] for r in v) for k, v in pg.items()}
     curve = {k: {"steps_per_s": median(r["steps_per_s"] for r in v),
                  "cpu_us_per_step": median(r["cpu_us_per_step"] for r in v)} for k, v in ours.items()}
     solo, fleet = curve["1x1"], curve[label(args.fleet)]
@@ -185,17 +283,28 @@ def main(argv=None):
         "fleet_clients": fleet_clients,
         "cpu_us_per_step": solo["cpu_us_per_step"],
     }
+    if server.postmaster is not None:
+        # The server's side of each figure: how much of the shared cores a
+        # step takes there, next to a pgbench transaction.
+        figures["server_cpu_us_per_tx"] = {k: median(r["server_cpu_us"] for r in v) for k, v in pg.items()}
+        for k, v in ours.items():
+            curve[k]["server_cpu_us_per_step"] = median(r["server_cpu_us_per_step"] for r in v)
     print(f"\nCeiling: pgbench step-shaped inserts vs everystep, {args.runs} runs x {STEPS_PER_RUN} steps, "
           f"median of {args.rounds} alternating rounds")
-    print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", "", ""] for k, v in pg_med.items()]
-                + [[f"everystep {k}", f"{v['steps_per_s']:.0f} steps/s", f"{v['cpu_us_per_step']:.0f} us", ""]
+    server_tx = figures.get("server_cpu_us_per_tx", {})
+    print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", "", _us(server_tx.get(k)), ""]
+                 for k, v in pg_med.items()]
+                + [[f"everystep {k}", f"{v['steps_per_s']:.0f} steps/s", f"{v['cpu_us_per_step']:.0f} us",
+                    _us(v.get("server_cpu_us_per_step")), ""]
                    for k, v in curve.items()]
-                + [["1x1 / pgbench 1 client", f"{figures['solo_share']:.0%}", "", f">= {SOLO_SHARE:.0%}"],
+                + [["1x1 / pgbench 1 client", f"{figures['solo_share']:.0%}", "", "", f">= {SOLO_SHARE:.0%}"],
                    [f"{label(args.fleet)} / pgbench {fleet_clients} clients",
-                    f"{figures['fleet_share']:.0%}", "", f">= {FLEET_SHARE:.0%}"],
-                   ["worker CPU per step (1x1)", f"{figures['cpu_us_per_step']:.0f} us", "",
+                    f"{figures['fleet_share']:.0%}", "", "", f">= {FLEET_SHARE:.0%}"],
+                   ["worker CPU per step (1x1)", f"{figures['cpu_us_per_step']:.0f} us", "", "",
                     f"<= {CPU_PER_STEP_US} us"]],
-                ["figure", "value", "worker CPU / step", "target"]))
+                ["figure", "value", "worker CPU / step", "server CPU / step or tx", "target"]))
+    if not server_tx:
+        print("(the server's CPU is read only when PostgreSQL runs on this machine)")
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
     return figures

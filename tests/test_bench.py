@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -166,6 +167,24 @@ def test_ceiling_next_to_pgbench(tmp_path):
     assert set(figures["curve"]) == {"1x1", "1x2"}
     assert all(fig["steps_per_s"] > 0 and fig["cpu_us_per_step"] > 0 for fig in figures["curve"].values())
     assert figures["fleet"] == "1x2" and figures["solo_share"] > 0 and figures["fleet_share"] > 0
+    if server_is_on_this_machine():
+        # The server's CPU per pgbench transaction and per step, read from /proc.
+        assert set(figures["server_cpu_us_per_tx"]) == {"1", "2"}
+        assert all(v > 0 for v in figures["server_cpu_us_per_tx"].values())
+        assert all(fig["server_cpu_us_per_step"] > 0 for fig in figures["curve"].values())
+    else:
+        assert "server_cpu_us_per_tx" not in figures
+
+
+def server_is_on_this_machine() -> bool:
+    """The suite's PostgreSQL answers on a loopback address and one of its
+    backends (this connection's) is a process here."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    local = connection.settings_dict["HOST"] in ("", "localhost", "127.0.0.1", "::1")
+    comm = Path(f"/proc/{backend}/comm")
+    return local and comm.exists() and comm.read_text().strip() == "postgres"
 
 
 def test_fencing_runs():
@@ -182,7 +201,8 @@ FIGURES = {
     "ui": {"runs list, first page": {"p50_ms": 150}, "run page, 5,000 steps": {"p50_ms": 151}},
     "payloads": {"run page": {"ms": 500, "bytes": 64_001}, "step page": {"ms": 501, "bytes": 18_000}},
     "ceiling": {"pgbench_tps": {"1": 2000, "16": 8000}, "fleet": "2x8", "fleet_clients": 16,
-                "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100},
+                "server_cpu_us_per_tx": {"1": 138, "16": 87},
+                "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100, "server_cpu_us_per_step": 169},
                           "2x8": {"steps_per_s": 4700, "cpu_us_per_step": 150}},
                 "solo_share": 0.75, "fleet_share": 0.5875, "cpu_us_per_step": 100},
 }
@@ -210,6 +230,14 @@ def test_the_summary_judges_each_figure_against_its_target():
     }
 
 
+def test_the_summary_shows_the_servers_cpu_where_the_benchmark_read_it():
+    figures = {row[1]: row[2] for row in summary_rows(FIGURES, 0.2) if row[0] in ("7 ceiling", "")}
+    assert figures["pgbench step insert, 1 client"] == "2000 tx/s, server 138 us CPU"
+    assert figures["pgbench step insert, 16 clients"] == "8000 tx/s, server 87 us CPU"
+    assert figures["everystep 1x1 (processes x pool)"] == "1500 steps/s, 100 us CPU/step, server 169 us CPU"
+    assert figures["everystep 2x8 (processes x pool)"] == "4700 steps/s, 150 us CPU/step"
+
+
 def test_children(tmp_path):
     figures = figures_of(tmp_path, "children.py", "--calls", "5", "--runs", "3", "--rounds", "1")
     assert set(figures["ms"]) == {"start_child", "step", "child end", "plain end"}
@@ -228,3 +256,25 @@ def test_a_fleet_straight_and_through_pgbouncer(tmp_path):
     assert set(figures["medians"]) == {"direct", "pgbouncer, prepared", "pgbouncer, unprepared"}
     assert all(m["steps_per_s"] > 0 and m["cpu_us_per_step"] > 0 for m in figures["medians"].values())
     assert figures["prepared_over_unprepared"] > 0
+
+
+def test_the_servers_cpu_keeps_the_time_of_a_backend_that_just_ended():
+    # A connection's backend burns CPU, then its client disconnects: the next
+    # reading, taken at once, still holds that time (the backend may not be
+    # reaped yet, and then has no time of its own to read).
+    import psycopg
+
+    from bench.ceiling import Server, cpu_seconds
+
+    db = connection.settings_dict
+    params = {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"], "dbname": db["NAME"]}
+    if not server_is_on_this_machine():
+        pytest.skip("the suite's PostgreSQL is not on this machine: there is no CPU time to read")
+    for _ in range(5):
+        with psycopg.connect(**params) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            server = Server(backend)
+            before = server.cpu_seconds()
+            conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+            burned = cpu_seconds(backend)
+        assert server.cpu_seconds() - before >= burned - 0.02  # two clock ticks of rounding
