@@ -203,18 +203,19 @@ def _command(pid: int) -> str:
 
 
 def everystep_round(
-    runs: int, config: tuple[int, int], poll: float, server: Server, *, prefix: str = "bench-ceiling"
+    runs: int, config: tuple[int, int], poll: float, server: Server | None = None, *,
+    prefix: str = "bench-ceiling",
 ) -> dict:
     """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads
     (named ``<prefix>-<processes>x<pool>-<i>``), started and idle before the runs
     are scheduled: steps/s, the workers' CPU time per step, and the server's
-    (None when it is not on this machine)."""
+    (None when it is not on this machine, or no ``server`` is given)."""
     processes, pool = config
     names = [f"{prefix}-{label(config)}-{i}" for i in range(processes)]
     server_samples = []
 
     def sample(procs) -> float:
-        server_samples.append(server.cpu_seconds())
+        server_samples.append(None if server is None else server.cpu_seconds())
         return sum(cpu_seconds(p.pid) for p in procs)
 
     round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True, sample=sample)

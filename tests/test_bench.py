@@ -266,6 +266,8 @@ def test_the_servers_cpu_keeps_the_time_of_a_backend_that_just_ended():
 
     from bench.ceiling import Server, cpu_seconds
 
+    if connection.vendor != "postgresql":
+        pytest.skip("the benchmarks run against PostgreSQL")
     db = connection.settings_dict
     params = {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"], "dbname": db["NAME"]}
     if not server_is_on_this_machine():
