@@ -85,7 +85,7 @@ def _claim_postgresql(conn, claimer: str, limit: int, exclude, skip_names) -> li
         # Through libpq, as a step's insert: a worker's pool thread claims once per run.
         values = [claimer, _uuid_array(exclude)]
         if skip_names:
-            values.append(statements.text_array(skip_names))
+            values.append(_text_array(skip_names))
         if limit != 1:
             values.append(str(limit))
         rows = statements.fetch_libpq(conn, _CLAIMS_LIBPQ[bool(skip_names), limit == 1], values)
@@ -194,6 +194,13 @@ def _finish_and_claim(conn, run_id, claimer: str, status: str, result, error, ex
 def _uuid_array(ids) -> str:
     """A PostgreSQL uuid[] literal (a uuid's text needs no quoting)."""
     return "{" + ",".join(map(str, ids)) + "}"
+
+
+def _text_array(items) -> str:
+    """A PostgreSQL text[] literal: each element double-quoted, its quotes and
+    backslashes escaped (a workflow's name may hold any character)."""
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"
 
 
 def _claim_sqlite(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:

@@ -13,18 +13,16 @@ Every write to a claimed run is fenced: it matches only while the run is
 ``running`` under the given claimer, and reports whether it did.
 """
 
-import collections
 import contextlib
 import functools
 import json
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import database, group_commit, serde
+from . import database, serde
 
 if TYPE_CHECKING:
     import psycopg
@@ -43,20 +41,6 @@ INSERT_STEP = (
     f"WHERE id = %s AND {RUNNING_UNDER}"
 )
 LOAD_OUTCOMES = "SELECT step_id, status, name, result, error FROM everystep_step WHERE workflow_id = %s"
-# Several steps in one statement (everystep.group_commit): one array per
-# column, each row fenced on its own run. The run is looked up in a subquery
-# per row, which LIMIT keeps from being flattened into a join: each row finds
-# its run through the primary key, as the single insert does, and never
-# through a hash of the whole runs table.
-INSERT_STEPS = (
-    "INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, result, error) "
-    "SELECT s.run, s.step, s.step_name, s.step_args, s.step_kwargs, s.step_status, s.step_result, "
-    "s.step_error FROM unnest(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS s "
-    "(run, step, step_name, step_args, step_kwargs, step_status, step_result, step_error, claimer) "
-    "CROSS JOIN LATERAL (SELECT FROM everystep_workflow "
-    f"WHERE id = s.run AND {RUNNING_UNDER % 's.claimer'} LIMIT 1) AS fence "
-    "RETURNING workflow_id, step_id"
-)
 FINISH_RUN = (
     "UPDATE everystep_workflow SET status = %s, result = %s, error = %s, completed_at = %s "
     f"WHERE id = %s AND {RUNNING_UNDER}"
@@ -70,58 +54,19 @@ def insert_step(
     """Record a step whose values are already ``serde``-encoded; False if fenced out.
     ``conn``: this thread's connection to everystep's database (the runner
     looks it up once per thread and run: :meth:`RunState.connection`)."""
-    if prepared and conn.vendor == "postgresql" and _autocommit_psycopg(conn) is not None:
-        # The run's id as PostgreSQL writes it back (RETURNING, _insert_steps).
-        run_text = str(run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)))
+    if prepared and conn.vendor == "postgresql":
+        run_text = str(run_id)
         values = [run_text, step_id, name, _json_text(args), _json_text(kwargs), status,
-                  _json_text(result), _json_text(error), claimer]
-        written = _step_commits[conn.alias].submit(values, functools.partial(_insert_steps, conn))
-        if written is ALONE:
-            written = _write_libpq(conn, _INSERT_STEP_LIBPQ, _one_step(values))
-        return written == 1
+                  _json_text(result), _json_text(error), run_text, claimer]
+        written = _write_libpq(conn, _INSERT_STEP_LIBPQ, values)
+        if written is not None:
+            return written == 1
     run = uuid_param(conn, run_id)
     params = [
         run, step_id, name, json_param(conn, args), json_param(conn, kwargs), status,
         json_param(conn, result), json_param(conn, error), run, claimer,
     ]
     return execute(conn, INSERT_STEP, params, prepared) == 1
-
-
-# Steps that other threads of this process record while one thread's insert
-# is in flight go out together as the next insert (everystep.group_commit),
-# one per database.
-_step_commits = collections.defaultdict(group_commit.GroupCommit)
-# A gathered insert failed, and rolled back: each step is sent again alone,
-# so that the one the server refused fails by itself.
-ALONE = object()
-
-
-def _insert_steps(conn, rows: list[list[str | None]]) -> list:
-    """Insert ``rows`` (each ``insert_step``'s values) in one statement and
-    commit on ``conn``: per row, 1 when written, 0 when fenced out, or
-    :data:`ALONE`; for all of them, the error when the outcome is unknown."""
-    if len(rows) == 1:
-        try:
-            return [_write_libpq(conn, _INSERT_STEP_LIBPQ, _one_step(rows[0]))]
-        except DatabaseError as exc:
-            return [exc]
-    try:
-        columns = [text_array(column) for column in zip(*rows, strict=True)]
-        result = _send_libpq(conn, _INSERT_STEPS_LIBPQ, columns)
-    except DatabaseError as exc:
-        if conn.connection is not None and not conn.connection.broken:
-            return [ALONE] * len(rows)
-        # The connection was lost: whether the statement committed is unknown,
-        # to every thread whose step it carried, as when a step goes alone.
-        return [exc] + [type(exc)(f"{exc} (this step went with another thread's, on its connection)")
-                        for _ in rows[1:]]
-    written = {(result.get_value(i, 0), result.get_value(i, 1)) for i in range(result.ntuples)}
-    return [int((row[0].encode(), row[1].encode()) in written) for row in rows]
-
-
-def _one_step(values: list) -> list:
-    """``insert_step``'s values as :data:`INSERT_STEP` takes them (the run id twice)."""
-    return values[:8] + [values[0], values[8]]
 
 
 def load_outcomes(run_id) -> Iterator[tuple[str, str, str, Any, Any]]:
@@ -247,17 +192,10 @@ class Libpq:
 
 
 # Parameter type OIDs (pg_type): what each text value is read as.
-UUID, TEXT, JSONB, TIMESTAMPTZ, INT8, UUID_ARRAY, TEXT_ARRAY, JSONB_ARRAY = (
-    2950, 25, 3802, 1184, 20, 2951, 1009, 3807
-)
+UUID, TEXT, JSONB, TIMESTAMPTZ, INT8, UUID_ARRAY, TEXT_ARRAY = 2950, 25, 3802, 1184, 20, 2951, 1009
 _INSERT_STEP_LIBPQ = Libpq(
     "everystep_insert_step", INSERT_STEP,
     [UUID, TEXT, TEXT, JSONB, JSONB, TEXT, JSONB, JSONB, UUID, TEXT],
-)
-_INSERT_STEPS_LIBPQ = Libpq(
-    "everystep_insert_steps", INSERT_STEPS,
-    [UUID_ARRAY, TEXT_ARRAY, TEXT_ARRAY, JSONB_ARRAY, JSONB_ARRAY, TEXT_ARRAY, JSONB_ARRAY, JSONB_ARRAY,
-     TEXT_ARRAY],
 )
 _FINISH_RUN_LIBPQ = Libpq(
     "everystep_finish_run", FINISH_RUN, [TEXT, JSONB, JSONB, TIMESTAMPTZ, UUID, TEXT]
@@ -298,14 +236,6 @@ def _send_libpq(conn, statement: Libpq, values: list[str | None]):
         # as the rest of its Python.
         with _pooler_hint(), conn.wrap_database_errors:
             raise
-
-
-def text_array(items) -> str:
-    """A PostgreSQL array literal of text values (None is NULL): each element
-    double-quoted, its quotes and backslashes escaped."""
-    quoted = ("NULL" if item is None else '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
-              for item in items)
-    return "{" + ",".join(quoted) + "}"
 
 
 def _json_text(encoded) -> str | None:
