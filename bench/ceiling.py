@@ -22,17 +22,28 @@ table shows what a step costs the server next to what the ceiling's
 transaction does; everystep's figure covers all the server did for the runs,
 their scheduling included. Read it on a server nothing else uses meanwhile.
 
+With ``--server-core CPU`` the sitting runs against a PostgreSQL server of
+its own (tests/throwaway_postgres.py: a fresh cluster with default settings,
+on a free port, removed at the end) whose processes are pinned to that CPU,
+while this script, its workers and pgbench's client run on the others: the
+layout of a deployment with the database on a host of its own, where the
+server's CPU is nobody else's. On a small machine this is where the shares
+can be read: on shared cores, the workers' Python and the server take turns
+on the same CPUs, and each step's commit waits for both.
+
 Figures are medians over ``--rounds`` rounds. Usage:
     python bench/ceiling.py [--runs 1000] [--rounds 3] [--seconds 5]
-        [--curve 1x1,1x8,2x8,4x4] [--fleet 2x8] [--json FILE]
+        [--curve 1x1,1x8,2x8,4x4] [--fleet 2x8] [--server-core CPU] [--json FILE]
 """
 
 import argparse
+import atexit
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -227,6 +238,30 @@ def everystep_round(
 # ---------------------------------------------------------------- the sitting
 
 
+def server_on_its_own_core(core: int) -> None:
+    """Start a throwaway PostgreSQL server pinned to CPU ``core``, and name it
+    in ``EVERYSTEP_BENCH_DATABASE_URL``; this process, and every process it
+    starts, go on the other CPUs it may use. The server stops at exit, after
+    the scratch database is dropped (exit functions run last-in, first-out)."""
+    cores = os.sched_getaffinity(0)
+    if core not in cores or len(cores) < 2:
+        raise SystemExit(f"--server-core {core}: this process may use CPUs {sorted(cores)}; the server "
+                         "needs one of them and the benchmark at least one other")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.throwaway_postgres import ThrowawayPostgres
+
+    server = ThrowawayPostgres()
+    os.sched_setaffinity(0, {core})  # inherited by initdb, pg_ctl and the server they start
+    try:
+        server.start()
+    finally:
+        atexit.register(server.stop)
+        os.sched_setaffinity(0, cores - {core})
+    os.environ["EVERYSTEP_BENCH_DATABASE_URL"] = server.url("everystep_bench")
+    print(f"PostgreSQL of its own on port {server.port}, on CPU {core}; the rest on CPUs "
+          f"{sorted(cores - {core})}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -239,11 +274,15 @@ def main(argv=None):
     parser.add_argument("--fleet", type=parse_config, default=(2, 8),
                         help="the configuration compared with pgbench at its connection count")
     parser.add_argument("--poll", type=float, default=0.2, help="everystep worker --poll")
+    parser.add_argument("--server-core", type=int, metavar="CPU",
+                        help="run against a PostgreSQL server of its own, pinned to this CPU")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.runs < 1:
         parser.error("--rounds and --runs must be at least 1")
     _pgbench()
+    if args.server_core is not None:
+        server_on_its_own_core(args.server_core)
     setup("ceiling")
     from django.db import connection
 
@@ -283,8 +322,12 @@ def main(argv=None):
         "fleet": label(args.fleet),
         "fleet_clients": fleet_clients,
         "cpu_us_per_step": solo["cpu_us_per_step"],
+        "server_core": args.server_core,
     }
     if server.postmaster is not None:
+        # Where each side ran (--server-core), as the kernel has it.
+        figures["cpus"] = {"server": sorted(os.sched_getaffinity(server.postmaster)),
+                           "benchmark": sorted(os.sched_getaffinity(0))}
         # The server's side of each figure: how much of the shared cores a
         # step takes there, next to a pgbench transaction.
         figures["server_cpu_us_per_tx"] = {k: median(r["server_cpu_us"] for r in v) for k, v in pg.items()}

@@ -15,6 +15,9 @@ before believing a MISS.
 7. ceiling: everystep next to pgbench inserting step-shaped rows (1 client and the
    fleet's connection count), the worker's CPU time per step, and the scaling
    curve over processes x pool (bench/ceiling.py)
+8. ceiling, server on a CPU of its own: section 7 against a PostgreSQL server of
+   its own pinned to one CPU, the benchmark and its workers on the others (the
+   layout of a database on a host of its own; ceiling.py --server-core)
 
 Usage:
     python bench/run.py            # the full suite: about 9 minutes, plus 2 the first time (1M-run load)
@@ -38,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.ceiling import CPU_PER_STEP_US, FLEET_SHARE, SOLO_SHARE  # noqa: E402
 from bench.common import table  # noqa: E402
 
-SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads", "ceiling")
+SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads", "ceiling", "ceiling-own-cpu")
 # Payload pages: a target for the time Chromium takes to draw them, and a bound
 # on their size (bytes of HTML), which must not grow with the payloads.
 PAYLOAD_PAGE_MS = 500
@@ -47,6 +50,8 @@ PAYLOAD_PAGE_BYTES = 64_000
 
 def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
     """Each section's script, arguments and extra environment."""
+    ceiling = ["ceiling.py", "--runs", "300" if quick else "1000", "--rounds", "1" if quick else "3",
+               "--seconds", "3" if quick else "5"]
     return {
         "overhead": (["step_overhead.py", "--steps", "1000", "--rounds", "3" if quick else "9"], {}),
         "throughput": (
@@ -59,8 +64,8 @@ def commands(quick: bool, no_dbos: bool) -> dict[str, tuple[list[str], dict]]:
         "ui": (["ui_scale.py", "--runs", "100000" if quick else "1000000",
                 "--requests", "10" if quick else "20", "--keep"], {}),
         "payloads": (["ui_payloads.py", "--rounds", "3" if quick else "5"], {}),
-        "ceiling": (["ceiling.py", "--runs", "300" if quick else "1000", "--rounds", "1" if quick else "3",
-                     "--seconds", "3" if quick else "5"], {}),
+        "ceiling": (ceiling, {}),
+        "ceiling-own-cpu": ([*ceiling, "--server-core", str(max(os.sched_getaffinity(0)))], {}),
     }
 
 
@@ -150,11 +155,12 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
                  verdict(fig["bytes"] <= PAYLOAD_PAGE_BYTES)],
             ]
             first = False
-    rows += ceiling_rows(results.get("ceiling"))
+    rows += ceiling_rows(results.get("ceiling"), "7 ceiling")
+    rows += ceiling_rows(results.get("ceiling-own-cpu"), "8 ceiling, server on its own CPU")
     return rows
 
 
-def ceiling_rows(ceiling: dict | None) -> list[list[str]]:
+def ceiling_rows(ceiling: dict | None, section: str) -> list[list[str]]:
     if not ceiling:
         return []
     pg, curve = ceiling["pgbench_tps"], ceiling["curve"]
@@ -165,7 +171,7 @@ def ceiling_rows(ceiling: dict | None) -> list[list[str]]:
     def server(value) -> str:
         return "" if value is None else f", server {value:.0f} us CPU"
 
-    rows = [["7 ceiling", "pgbench step insert, 1 client",
+    rows = [[section, "pgbench step insert, 1 client",
              f"{pg['1']:.0f} tx/s{server(server_tx.get('1'))}", "", ""],
             ["", f"pgbench step insert, {clients} clients",
              f"{pg[str(clients)]:.0f} tx/s{server(server_tx.get(str(clients)))}", "", ""]]

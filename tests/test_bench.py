@@ -176,6 +176,26 @@ def test_ceiling_next_to_pgbench(tmp_path):
         assert "server_cpu_us_per_tx" not in figures
 
 
+def test_ceiling_with_the_server_on_a_cpu_of_its_own(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("the server needs a CPU of its own and the benchmark another")
+    figures = figures_of(tmp_path, "ceiling.py", "--runs", "60", "--rounds", "1", "--seconds", "1",
+                         "--curve", "1x1", "--fleet", "1x2", "--server-core", str(cpus[-1]))
+    assert figures["server_core"] == cpus[-1]
+    assert figures["cpus"] == {"server": [cpus[-1]], "benchmark": cpus[:-1]}
+    assert figures["solo_share"] > 0 and figures["fleet_share"] > 0
+    assert all(v > 0 for v in figures["server_cpu_us_per_tx"].values())
+
+
+def test_the_ceilings_server_core_must_leave_the_benchmark_a_cpu(tmp_path):
+    if connection.vendor != "postgresql":
+        pytest.skip("the benchmarks run against PostgreSQL")
+    done = run_script("bench/ceiling.py", "--server-core", "100000", timeout=60)
+    assert done.returncode != 0
+    assert "--server-core 100000: this process may use CPUs" in done.stderr
+
+
 def server_is_on_this_machine() -> bool:
     """The suite's PostgreSQL answers on a loopback address and one of its
     backends (this connection's) is a process here."""
@@ -227,6 +247,19 @@ def test_the_summary_judges_each_figure_against_its_target():
         "everystep 1x1 / pgbench 1 client": "PASS",  # 75% is the bound
         "everystep 2x8 / pgbench 16 clients": "MISS",  # 58.75% < 60%
         "worker CPU per recorded step (1x1)": "PASS",  # 100 us is the bound
+    }
+
+
+def test_the_summary_judges_the_ceiling_with_the_server_on_its_own_cpu_apart():
+    own_cpu = {**FIGURES["ceiling"], "solo_share": 0.8, "fleet_share": 0.65, "server_core": 1}
+    rows = summary_rows({"ceiling": FIGURES["ceiling"], "ceiling-own-cpu": own_cpu}, 0.2)
+    sections = [row[0] for row in rows if row[0]]
+    assert sections == ["7 ceiling", "8 ceiling, server on its own CPU"]
+    after = rows[[row[0] for row in rows].index("8 ceiling, server on its own CPU"):]
+    assert {row[1]: row[4] for row in after if row[4]} == {
+        "everystep 1x1 / pgbench 1 client": "PASS",
+        "everystep 2x8 / pgbench 16 clients": "PASS",
+        "worker CPU per recorded step (1x1)": "PASS",
     }
 
 
