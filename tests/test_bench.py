@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from bench.run import summary_rows
+from bench.run import default_sections, summary_rows
 from tests.scripts import ROOT, run_script
 from tests.throwaway_pgbouncer import pgbouncer_or_skip
 
@@ -194,6 +194,11 @@ def test_the_ceilings_server_core_must_leave_the_benchmark_a_cpu(tmp_path):
     done = run_script("bench/ceiling.py", "--server-core", "100000", timeout=60)
     assert done.returncode != 0
     assert "--server-core 100000: this process may use CPUs" in done.stderr
+
+
+def test_a_full_run_on_one_cpu_leaves_out_the_ceiling_with_the_server_on_its_own():
+    assert "ceiling-own-cpu" not in default_sections({0})
+    assert default_sections({0, 1})[-2:] == ["ceiling", "ceiling-own-cpu"]
 
 
 def server_is_on_this_machine() -> bool:
