@@ -130,8 +130,10 @@ def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") 
             "server_cpu_us": _per(server_before, server_after, int(processed.group(1)))}
 
 
-def _us(value: float | None) -> str:
-    return "" if value is None else f"{value:.0f} us"
+def _us(value: float | None, scheduling: float | None = None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f} us" + ("" if scheduling is None else f" ({scheduling:.0f} scheduling)")
 
 
 def _per(before: float | None, after: float | None, count: int) -> float | None:
@@ -220,19 +222,26 @@ def everystep_round(
     """Drain ``runs`` runs of 10 steps with ``processes`` workers of ``pool`` threads
     (named ``<prefix>-<processes>x<pool>-<i>``), started and idle before the runs
     are scheduled: steps/s, the workers' CPU time per step, and the server's
-    (None when it is not on this machine, or no ``server`` is given)."""
+    (None when it is not on this machine, or no ``server`` is given), with
+    the part of it that scheduling the runs took (``schedule()`` for each run,
+    in one transaction before the first claim)."""
     processes, pool = config
     names = [f"{prefix}-{label(config)}-{i}" for i in range(processes)]
-    server_samples = []
+    before, scheduled, after = [], [], []
+
+    def server_cpu() -> float | None:
+        return None if server is None else server.cpu_seconds()
 
     def sample(procs) -> float:
-        server_samples.append(None if server is None else server.cpu_seconds())
+        (after if before else before).append(server_cpu())
         return sum(cpu_seconds(p.pid) for p in procs)
 
-    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True, sample=sample)
+    round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True, sample=sample,
+                         scheduled=lambda: scheduled.append(server_cpu()))
     steps = round_["steps"]
     return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6,
-            "server_cpu_us_per_step": _per(*server_samples, steps)}
+            "server_cpu_us_per_step": _per(before[0], after[0], steps),
+            "server_scheduling_us_per_step": _per(before[0], scheduled[0], steps)}
 
 
 # ---------------------------------------------------------------- the sitting
@@ -333,13 +342,14 @@ def main(argv=None):
         figures["server_cpu_us_per_tx"] = {k: median(r["server_cpu_us"] for r in v) for k, v in pg.items()}
         for k, v in ours.items():
             curve[k]["server_cpu_us_per_step"] = median(r["server_cpu_us_per_step"] for r in v)
+            curve[k]["server_scheduling_us_per_step"] = median(r["server_scheduling_us_per_step"] for r in v)
     print(f"\nCeiling: pgbench step-shaped inserts vs everystep, {args.runs} runs x {STEPS_PER_RUN} steps, "
           f"median of {args.rounds} alternating rounds")
     server_tx = figures.get("server_cpu_us_per_tx", {})
     print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", "", _us(server_tx.get(k)), ""]
                  for k, v in pg_med.items()]
                 + [[f"everystep {k}", f"{v['steps_per_s']:.0f} steps/s", f"{v['cpu_us_per_step']:.0f} us",
-                    _us(v.get("server_cpu_us_per_step")), ""]
+                    _us(v.get("server_cpu_us_per_step"), v.get("server_scheduling_us_per_step")), ""]
                    for k, v in curve.items()]
                 + [["1x1 / pgbench 1 client", f"{figures['solo_share']:.0%}", "", "", f">= {SOLO_SHARE:.0%}"],
                    [f"{label(args.fleet)} / pgbench {fleet_clients} clients",

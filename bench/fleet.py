@@ -71,6 +71,7 @@ def fleet_round(
     logdir: Path = LOGDIR,
     idle_first: bool = False,
     sample: Callable[[list], float] | None = None,
+    scheduled: Callable[[], None] | None = None,
 ) -> dict:
     """Drain ``runs`` runs with one worker process of ``pool`` threads per name
     (its log: ``<logdir>/<name>.log``) and check that every run completed.
@@ -81,7 +82,9 @@ def fleet_round(
     are scheduled, so that what they spend from then on is the runs' alone.
     ``sample(procs)``, for example the workers' CPU time, is taken just before
     the runs are scheduled (or the workers start, by default) and once they are
-    drained; the difference is returned as ``sampled``."""
+    drained; the difference is returned as ``sampled``. ``scheduled()`` is
+    called once the runs are scheduled, just before that transaction commits
+    (so before any claim)."""
     from django.conf import settings
     from django.db import connection, transaction
 
@@ -99,6 +102,8 @@ def fleet_round(
             # index and a sort of every scheduled run, not the claim index.
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE everystep_workflow")
+            if scheduled:
+                scheduled()
 
     reset()  # a clean table for every round
     if not idle_first:

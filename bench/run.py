@@ -174,15 +174,19 @@ def ceiling_rows(ceiling: dict | None, section: str) -> list[list[str]]:
     # The server's CPU, when the benchmark could read it (a server on this machine).
     server_tx = ceiling.get("server_cpu_us_per_tx", {})
 
-    def server(value) -> str:
-        return "" if value is None else f", server {value:.0f} us CPU"
+    def server(value, scheduling=None) -> str:
+        if value is None:
+            return ""
+        of_which = "" if scheduling is None else f" ({scheduling:.0f} scheduling)"
+        return f", server {value:.0f} us CPU{of_which}"
 
     rows = [[section, "pgbench step insert, 1 client",
              f"{pg['1']:.0f} tx/s{server(server_tx.get('1'))}", "", ""],
             ["", f"pgbench step insert, {clients} clients",
              f"{pg[str(clients)]:.0f} tx/s{server(server_tx.get(str(clients)))}", "", ""]]
     rows += [["", f"everystep {config} (processes x pool)", f"{fig['steps_per_s']:.0f} steps/s, "
-              f"{fig['cpu_us_per_step']:.0f} us CPU/step{server(fig.get('server_cpu_us_per_step'))}", "", ""]
+              f"{fig['cpu_us_per_step']:.0f} us CPU/step"
+              + server(fig.get("server_cpu_us_per_step"), fig.get("server_scheduling_us_per_step")), "", ""]
              for config, fig in curve.items()]
     return rows + [
         ["", "everystep 1x1 / pgbench 1 client", f"{ceiling['solo_share']:.0%}", f">= {SOLO_SHARE:.0%}",

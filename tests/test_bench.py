@@ -172,6 +172,9 @@ def test_ceiling_next_to_pgbench(tmp_path):
         assert set(figures["server_cpu_us_per_tx"]) == {"1", "2"}
         assert all(v > 0 for v in figures["server_cpu_us_per_tx"].values())
         assert all(fig["server_cpu_us_per_step"] > 0 for fig in figures["curve"].values())
+        # Of it, what scheduling the runs took: a part, taken before the drain.
+        assert all(0 <= fig["server_scheduling_us_per_step"] < fig["server_cpu_us_per_step"]
+                   for fig in figures["curve"].values())
     else:
         assert "server_cpu_us_per_tx" not in figures
 
@@ -227,7 +230,8 @@ FIGURES = {
     "payloads": {"run page": {"ms": 500, "bytes": 64_001}, "step page": {"ms": 501, "bytes": 18_000}},
     "ceiling": {"pgbench_tps": {"1": 2000, "16": 8000}, "fleet": "2x8", "fleet_clients": 16,
                 "server_cpu_us_per_tx": {"1": 138, "16": 87},
-                "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100, "server_cpu_us_per_step": 169},
+                "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100, "server_cpu_us_per_step": 169,
+                                  "server_scheduling_us_per_step": 18},
                           "2x8": {"steps_per_s": 4700, "cpu_us_per_step": 150}},
                 "solo_share": 0.75, "fleet_share": 0.5875, "cpu_us_per_step": 100},
 }
@@ -272,7 +276,8 @@ def test_the_summary_shows_the_servers_cpu_where_the_benchmark_read_it():
     figures = {row[1]: row[2] for row in summary_rows(FIGURES, 0.2) if row[0] in ("7 ceiling", "")}
     assert figures["pgbench step insert, 1 client"] == "2000 tx/s, server 138 us CPU"
     assert figures["pgbench step insert, 16 clients"] == "8000 tx/s, server 87 us CPU"
-    assert figures["everystep 1x1 (processes x pool)"] == "1500 steps/s, 100 us CPU/step, server 169 us CPU"
+    assert figures["everystep 1x1 (processes x pool)"] == ("1500 steps/s, 100 us CPU/step, "
+                                                                 "server 169 us CPU (18 scheduling)")
     assert figures["everystep 2x8 (processes x pool)"] == "4700 steps/s, 150 us CPU/step"
 
 
