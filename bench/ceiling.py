@@ -227,21 +227,22 @@ def everystep_round(
     in one transaction before the first claim)."""
     processes, pool = config
     names = [f"{prefix}-{label(config)}-{i}" for i in range(processes)]
-    before, scheduled, after = [], [], []
+    samples, scheduled = [], []  # the server's CPU: before and after the round; once scheduled
 
     def server_cpu() -> float | None:
         return None if server is None else server.cpu_seconds()
 
     def sample(procs) -> float:
-        (after if before else before).append(server_cpu())
+        samples.append(server_cpu())
         return sum(cpu_seconds(p.pid) for p in procs)
 
     round_ = fleet_round(runs, names, pool=pool, poll=poll, idle_first=True, sample=sample,
                          scheduled=lambda: scheduled.append(server_cpu()))
     steps = round_["steps"]
+    (before, after), (runs_scheduled,) = samples, scheduled
     return {"steps_per_s": steps / round_["seconds"], "cpu_us_per_step": round_["sampled"] / steps * 1e6,
-            "server_cpu_us_per_step": _per(before[0], after[0], steps),
-            "server_scheduling_us_per_step": _per(before[0], scheduled[0], steps)}
+            "server_cpu_us_per_step": _per(before, after, steps),
+            "server_scheduling_us_per_step": _per(before, runs_scheduled, steps)}
 
 
 # ---------------------------------------------------------------- the sitting
