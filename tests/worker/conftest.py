@@ -10,7 +10,7 @@ from django.test import override_settings
 from everystep.worker import Worker
 from tests.settings import database_from_url
 from tests.worker import workflows
-from tests.worker.support import THROWAWAY, ToThrowaway, WorkerProcess
+from tests.worker.support import THROWAWAY, ToThrowaway, WorkerProcess, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +61,12 @@ def start_worker():
     for worker in running:
         worker.thread.join(timeout=30)
         assert not worker.thread.is_alive(), f"worker {worker.name} did not stop"
+        # A forced stop returns without its pool threads. One between two runs
+        # may still be claiming its slot's next run (which it puts back at the
+        # run's first step boundary): wait for it to let go of its slot, or its
+        # claim can take a run of the next test's.
+        wait_for(lambda worker=worker: not worker._inflight, timeout=30,
+                 what=f"worker {worker.name}'s pool threads to let go of their runs")
 
 
 @pytest.fixture
