@@ -130,10 +130,13 @@ def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") 
             "server_cpu_us": _per(server_before, server_after, int(processed.group(1)))}
 
 
+def of_it_scheduling(scheduling: float | None) -> str:
+    """The part of the server's CPU per step that scheduling took, after that figure."""
+    return "" if scheduling is None else f" ({scheduling:.0f} scheduling)"
+
+
 def _us(value: float | None, scheduling: float | None = None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.0f} us" + ("" if scheduling is None else f" ({scheduling:.0f} scheduling)")
+    return "" if value is None else f"{value:.0f} us{of_it_scheduling(scheduling)}"
 
 
 def _per(before: float | None, after: float | None, count: int) -> float | None:

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ceiling import CPU_PER_STEP_US, FLEET_SHARE, SOLO_SHARE  # noqa: E402
+from bench.ceiling import CPU_PER_STEP_US, FLEET_SHARE, SOLO_SHARE, of_it_scheduling  # noqa: E402
 from bench.common import table  # noqa: E402
 
 SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads", "ceiling", "ceiling-own-cpu")
@@ -177,8 +177,7 @@ def ceiling_rows(ceiling: dict | None, section: str) -> list[list[str]]:
     def server(value, scheduling=None) -> str:
         if value is None:
             return ""
-        of_which = "" if scheduling is None else f" ({scheduling:.0f} scheduling)"
-        return f", server {value:.0f} us CPU{of_which}"
+        return f", server {value:.0f} us CPU{of_it_scheduling(scheduling)}"
 
     rows = [[section, "pgbench step insert, 1 client",
              f"{pg['1']:.0f} tx/s{server(server_tx.get('1'))}", "", ""],
