@@ -15,7 +15,10 @@ configuration drains ``--runs`` runs of 10 trivial steps
 (``bench.workflows.ten_steps``), timed from the first claim to the last
 ``completed_at``. The workers are started and idle before the runs are
 scheduled, so their CPU time (user + system, from /proc) over the drain is
-the cost of the runs alone: it is reported per recorded step. When the
+the cost of the runs alone: it is reported per recorded step, next to
+pgbench's own CPU time per transaction (its process's, as its parent reaps
+it): what a client written in C spends on the same commit on the same cores,
+the floor under the worker's figure on this machine. When the
 PostgreSQL server runs on this machine, its CPU time (every process of it) is
 read the same way, per recorded step and per pgbench transaction, so that the
 table shows what a step costs the server next to what the ceiling's
@@ -41,6 +44,7 @@ import atexit
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -91,7 +95,8 @@ def label(config: tuple[int, int]) -> str:
 
 def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") -> dict:
     """Transactions per second of the step-shaped insert at ``clients`` clients,
-    and the server's CPU time per transaction (None when it is not on this machine)."""
+    pgbench's own CPU time per transaction, and the server's (None when it is
+    not on this machine)."""
     from django.conf import settings
     from django.db import connection
 
@@ -106,13 +111,14 @@ def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") 
         )
     connection.close()
     db = settings.DATABASES["default"]
-    server_before = server.cpu_seconds()
+    server_before, client_before = server.cpu_seconds(), children_cpu_seconds()
     done = subprocess.run(
         [_pgbench(), "-n", "-M", "prepared", "-c", str(clients),
          "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))), "-f", str(script),
          "-h", db["HOST"], "-p", str(db["PORT"] or 5432), "-U", db["USER"], db["NAME"]],
         capture_output=True, text=True,
     )
+    client_after = children_cpu_seconds()  # pgbench's, reaped by run(): no other child ends meanwhile
     # pgbench's backends end after pgbench does: their time is the round's.
     with connection.cursor() as cursor:
         for _ in range(500):
@@ -126,8 +132,10 @@ def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") 
     processed = re.search(r"number of transactions actually processed: ([0-9]+)", done.stdout)
     if done.returncode or not found or not processed:
         raise RuntimeError(f"pgbench failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    transactions = int(processed.group(1))
     return {"tps": float(found.group(1)),
-            "server_cpu_us": _per(server_before, server_after, int(processed.group(1)))}
+            "client_cpu_us": _per(client_before, client_after, transactions),
+            "server_cpu_us": _per(server_before, server_after, transactions)}
 
 
 def of_it_scheduling(scheduling: float | None) -> str:
@@ -159,6 +167,12 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU time of this process's children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _stat(pid: int) -> list[str]:
@@ -324,6 +338,7 @@ def main(argv=None):
                                              f"({v[-1]['cpu_us_per_step']:.0f} us CPU/step)"
                                              for k, v in ours.items()), flush=True)
     pg_med = {k: median(r["tps"] for r in v) for k, v in pg.items()}
+    client_tx = {k: median(r["client_cpu_us"] for r in v) for k, v in pg.items()}
     curve = {k: {"steps_per_s": median(r["steps_per_s"] for r in v),
                  "cpu_us_per_step": median(r["cpu_us_per_step"] for r in v)} for k, v in ours.items()}
     solo, fleet = curve["1x1"], curve[label(args.fleet)]
@@ -335,6 +350,8 @@ def main(argv=None):
         "fleet": label(args.fleet),
         "fleet_clients": fleet_clients,
         "cpu_us_per_step": solo["cpu_us_per_step"],
+        # What pgbench's C client spent per transaction: the worker's floor here.
+        "client_cpu_us_per_tx": client_tx,
         "server_core": args.server_core,
     }
     if server.postmaster is not None:
@@ -350,7 +367,7 @@ def main(argv=None):
     print(f"\nCeiling: pgbench step-shaped inserts vs everystep, {args.runs} runs x {STEPS_PER_RUN} steps, "
           f"median of {args.rounds} alternating rounds")
     server_tx = figures.get("server_cpu_us_per_tx", {})
-    print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", "", _us(server_tx.get(k)), ""]
+    print(table([[f"pgbench, {k} client(s)", f"{v:.0f} tx/s", _us(client_tx[k]), _us(server_tx.get(k)), ""]
                  for k, v in pg_med.items()]
                 + [[f"everystep {k}", f"{v['steps_per_s']:.0f} steps/s", f"{v['cpu_us_per_step']:.0f} us",
                     _us(v.get("server_cpu_us_per_step"), v.get("server_scheduling_us_per_step")), ""]
@@ -360,7 +377,7 @@ def main(argv=None):
                     f"{figures['fleet_share']:.0%}", "", "", f">= {FLEET_SHARE:.0%}"],
                    ["worker CPU per step (1x1)", f"{figures['cpu_us_per_step']:.0f} us", "", "",
                     f"<= {CPU_PER_STEP_US} us"]],
-                ["figure", "value", "worker CPU / step", "server CPU / step or tx", "target"]))
+                ["figure", "value", "client CPU / step or tx", "server CPU / step or tx", "target"]))
     if not server_tx:
         print("(the server's CPU is read only when PostgreSQL runs on this machine)")
     if args.json:

@@ -179,10 +179,15 @@ def ceiling_rows(ceiling: dict | None, section: str) -> list[list[str]]:
             return ""
         return f", server {value:.0f} us CPU{of_it_scheduling(scheduling)}"
 
-    rows = [[section, "pgbench step insert, 1 client",
-             f"{pg['1']:.0f} tx/s{server(server_tx.get('1'))}", "", ""],
-            ["", f"pgbench step insert, {clients} clients",
-             f"{pg[str(clients)]:.0f} tx/s{server(server_tx.get(str(clients)))}", "", ""]]
+    # pgbench's own CPU per transaction: the floor under the worker's per step.
+    client_tx = ceiling.get("client_cpu_us_per_tx", {})
+
+    def pgbench(key: str) -> str:
+        client = "" if key not in client_tx else f", {client_tx[key]:.0f} us CPU/tx"
+        return f"{pg[key]:.0f} tx/s{client}{server(server_tx.get(key))}"
+
+    rows = [[section, "pgbench step insert, 1 client", pgbench("1"), "", ""],
+            ["", f"pgbench step insert, {clients} clients", pgbench(str(clients)), "", ""]]
     rows += [["", f"everystep {config} (processes x pool)", f"{fig['steps_per_s']:.0f} steps/s, "
               f"{fig['cpu_us_per_step']:.0f} us CPU/step"
               + server(fig.get("server_cpu_us_per_step"), fig.get("server_scheduling_us_per_step")), "", ""]

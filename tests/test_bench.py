@@ -167,6 +167,9 @@ def test_ceiling_next_to_pgbench(tmp_path):
     assert set(figures["curve"]) == {"1x1", "1x2"}
     assert all(fig["steps_per_s"] > 0 and fig["cpu_us_per_step"] > 0 for fig in figures["curve"].values())
     assert figures["fleet"] == "1x2" and figures["solo_share"] > 0 and figures["fleet_share"] > 0
+    # pgbench's own CPU per transaction, wherever the server is.
+    assert set(figures["client_cpu_us_per_tx"]) == {"1", "2"}
+    assert all(v > 0 for v in figures["client_cpu_us_per_tx"].values())
     if server_is_on_this_machine():
         # The server's CPU per pgbench transaction and per step, read from /proc.
         assert set(figures["server_cpu_us_per_tx"]) == {"1", "2"}
@@ -229,7 +232,7 @@ FIGURES = {
     "ui": {"runs list, first page": {"p50_ms": 150}, "run page, 5,000 steps": {"p50_ms": 151}},
     "payloads": {"run page": {"ms": 500, "bytes": 64_001}, "step page": {"ms": 501, "bytes": 18_000}},
     "ceiling": {"pgbench_tps": {"1": 2000, "16": 8000}, "fleet": "2x8", "fleet_clients": 16,
-                "server_cpu_us_per_tx": {"1": 138, "16": 87},
+                "server_cpu_us_per_tx": {"1": 138, "16": 87}, "client_cpu_us_per_tx": {"1": 31, "16": 24},
                 "curve": {"1x1": {"steps_per_s": 1500, "cpu_us_per_step": 100, "server_cpu_us_per_step": 169,
                                   "server_scheduling_us_per_step": 18},
                           "2x8": {"steps_per_s": 4700, "cpu_us_per_step": 150}},
@@ -272,10 +275,10 @@ def test_the_summary_judges_the_ceiling_with_the_server_on_its_own_cpu_apart():
     }
 
 
-def test_the_summary_shows_the_servers_cpu_where_the_benchmark_read_it():
+def test_the_summary_shows_pgbenchs_cpu_and_the_servers_where_the_benchmark_read_it():
     figures = {row[1]: row[2] for row in summary_rows(FIGURES, 0.2) if row[0] in ("7 ceiling", "")}
-    assert figures["pgbench step insert, 1 client"] == "2000 tx/s, server 138 us CPU"
-    assert figures["pgbench step insert, 16 clients"] == "8000 tx/s, server 87 us CPU"
+    assert figures["pgbench step insert, 1 client"] == "2000 tx/s, 31 us CPU/tx, server 138 us CPU"
+    assert figures["pgbench step insert, 16 clients"] == "8000 tx/s, 24 us CPU/tx, server 87 us CPU"
     assert figures["everystep 1x1 (processes x pool)"] == ("1500 steps/s, 100 us CPU/step, "
                                                                  "server 169 us CPU (18 scheduling)")
     assert figures["everystep 2x8 (processes x pool)"] == "4700 steps/s, 150 us CPU/step"
