@@ -43,6 +43,7 @@ class RunState:
 
     def __init__(self, workflow_id, name: str, claimer: str, leave_check: Callable | None = None):
         self.workflow_id = workflow_id
+        self.workflow_text = str(workflow_id)  # as each step's insert sends it
         self.name = name
         self.claimer = claimer
         self.store: dict[str, Outcome] = {}

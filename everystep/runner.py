@@ -360,6 +360,7 @@ def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -
         result=stored_result,
         error=stored_error,
         prepared=state.prepared_statements,
+        run_text=state.workflow_text,
     )
     if not recorded:
         state.halt_with(

@@ -39,7 +39,16 @@ _PLAIN = frozenset({str, int, bool, type(None)})
 def encode(value: Any) -> Any:
     """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``
     naming where in the value the problem is (``$['items'][3]``)."""
-    if type(value) in _PLAIN:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    # A step's arguments (a list) and keyword arguments (a dict) are most often
+    # plain values, stored as they are: one pass over them, no copy, no dispatch.
+    if kind is list and all(type(item) in _PLAIN for item in value):
+        return value
+    if kind is dict and TAG not in value and all(
+        type(key) is str and type(item) in _PLAIN for key, item in value.items()
+    ):
         return value
     try:
         return _encode(value)

@@ -16,6 +16,7 @@ Every write to a claimed run is fenced: it matches only while the run is
 import contextlib
 import functools
 import json
+import json.encoder
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -49,13 +50,15 @@ FINISH_RUN = (
 
 def insert_step(
     conn, run_id, claimer: str, step_id: str, name: str, status: str, *, args, kwargs, result,
-    error, prepared: bool,
+    error, prepared: bool, run_text: str | None = None,
 ) -> bool:
     """Record a step whose values are already ``serde``-encoded; False if fenced out.
     ``conn``: this thread's connection to everystep's database (the runner
-    looks it up once per thread and run: :meth:`RunState.connection`)."""
+    looks it up once per thread and run: :meth:`RunState.connection`).
+    ``run_text``: ``str(run_id)``, when the caller keeps it (the runner does,
+    once per run)."""
     if prepared and conn.vendor == "postgresql":
-        run_text = str(run_id)
+        run_text = str(run_id) if run_text is None else run_text
         values = [run_text, step_id, name, _json_text(args), _json_text(kwargs), status,
                   _json_text(result), _json_text(error), run_text, claimer]
         written = _write_libpq(conn, _INSERT_STEP_LIBPQ, values)
@@ -244,7 +247,9 @@ def _json_text(encoded) -> str | None:
         return None
     if type(encoded) in _JSON_SCALARS:
         return _SCALAR_TEXT[type(encoded)](encoded)
-    return _JSON_ENCODER.encode(encoded)
+    if _ENCODE_C is None:
+        return _JSON_ENCODER.encode(encoded)
+    return "".join(_ENCODE_C(encoded, 0))
 
 
 # json.dumps with its defaults, without re-reading its keyword arguments per
@@ -253,6 +258,14 @@ _JSON_ENCODER = json.JSONEncoder()
 _SCALAR_TEXT = {int: int.__repr__, bool: lambda value: "true" if value else "false",
                 str: _JSON_ENCODER.encode}
 _JSON_SCALARS = frozenset(_SCALAR_TEXT)
+# The encoder's C part, made once: JSONEncoder.encode makes it again at every
+# call, which costs more than encoding a step's few arguments. Made as encode
+# makes it, but with no markers (the cycle check): it is shared by threads, and
+# a value has been through serde, which refuses a cycle, before it gets here.
+_ENCODE_C = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+    None, _JSON_ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+    False, False, True,
+)
 
 
 def _autocommit_psycopg(conn) -> "psycopg.Connection | None":

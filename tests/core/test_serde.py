@@ -48,6 +48,11 @@ def test_plain_dict_with_tag_like_content_is_not_mistaken(value):
     assert serde.loads(serde.dumps(value)) == value
 
 
+def test_a_dict_of_plain_values_with_the_tag_key_is_still_wrapped():
+    assert serde.encode({"$es": "uuid", "v": "x"}) == {"$es": "dict", "v": {"$es": "uuid", "v": "x"}}
+    assert serde.encode([1, "a", None, True]) == [1, "a", None, True]
+
+
 def test_encodings_are_plain_json():
     encoded = serde.encode({"when": dt.date(2024, 5, 1), "id": uuid.UUID(int=1), "raw": b"\x00"})
     assert json.loads(json.dumps(encoded)) == encoded

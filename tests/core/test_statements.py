@@ -2,6 +2,7 @@
 through the ORM, and on PostgreSQL it is prepared unless the setting says not to."""
 
 import datetime as dt
+import json
 import uuid
 from contextlib import contextmanager
 
@@ -10,12 +11,14 @@ from django.db import IntegrityError, OperationalError
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from hypothesis import given
 
 from everystep import database, operations, registry, runner, serde, statements
 from everystep.errors import EverystepError
 from everystep.models import ChildRun, Step, Workflow
 from tests.core import workflows as w
 from tests.core.child_workflows import every_fenced_write
+from tests.core.test_serde import values
 from tests.helpers import CLAIMER, run_workflow
 
 VALUE = {"when": dt.date(2026, 12, 2), "pair": (1, "a"), "id": uuid.UUID(int=7), "$es": "user data"}
@@ -90,6 +93,15 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler():
 # On an autocommit PostgreSQL connection (a worker's), the step insert goes
 # straight through libpq; in a transaction (the tests above) through a psycopg
 # cursor. Both must read the same.
+
+
+@given(values)
+def test_the_json_sent_through_libpq_is_what_json_dumps_makes(value):
+    # The text the libpq path sends must be what the cursor path's JSON
+    # adaptation (json.dumps) sends: the same rows, however they were written.
+    # None is SQL's NULL on both paths.
+    encoded = serde.encode(value)
+    assert statements._json_text(encoded) == (None if encoded is None else json.dumps(encoded))
 
 
 def autocommit_postgresql():
