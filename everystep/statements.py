@@ -258,14 +258,28 @@ _JSON_ENCODER = json.JSONEncoder()
 _SCALAR_TEXT = {int: int.__repr__, bool: lambda value: "true" if value else "false",
                 str: _JSON_ENCODER.encode}
 _JSON_SCALARS = frozenset(_SCALAR_TEXT)
-# The encoder's C part, made once: JSONEncoder.encode makes it again at every
-# call, which costs more than encoding a step's few arguments. Made as encode
-# makes it, but with no markers (the cycle check): it is shared by threads, and
-# a value has been through serde, which refuses a cycle, before it gets here.
-_ENCODE_C = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
-    None, _JSON_ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-    False, False, True,
-)
+
+
+def _c_encoder():
+    """The encoder's C part, made once: JSONEncoder.encode makes it again at
+    every call, which costs more than encoding a step's few arguments. Made as
+    encode makes it, but with no markers (the cycle check): it is shared by
+    threads, and a value has been through serde, which refuses a cycle, before
+    it gets here. Its arguments are CPython's own (3.11 to 3.13), not a public
+    API: where they differ, or there is no C part, None, and the text comes
+    from _JSON_ENCODER.encode."""
+    if json.encoder.c_make_encoder is None:
+        return None
+    try:
+        return json.encoder.c_make_encoder(
+            None, _JSON_ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+            False, False, True,
+        )
+    except TypeError:
+        return None
+
+
+_ENCODE_C = _c_encoder()
 
 
 def _autocommit_psycopg(conn) -> "psycopg.Connection | None":
