@@ -104,7 +104,6 @@ def test_the_json_sent_through_libpq_is_what_json_dumps_makes(value):
     assert statements._json_text(encoded) == (None if encoded is None else json.dumps(encoded))
 
 
-
 def test_a_python_whose_c_json_encoder_takes_other_arguments_gets_the_same_text(monkeypatch):
     # The shared C encoder is made with CPython's private arguments; a Python
     # that changed them must fall back to the pure encoder, not fail to import.
@@ -117,6 +116,7 @@ def test_a_python_whose_c_json_encoder_takes_other_arguments_gets_the_same_text(
     monkeypatch.setattr(statements, "_ENCODE_C", encoder)
     value = {"name": "é", "items": [1, 2.5, None, True], "nested": {"k": "v"}}
     assert statements._json_text(value) == json.dumps(value)
+
 
 def autocommit_postgresql():
     if database.connection().vendor != "postgresql":
