@@ -267,13 +267,17 @@ def _c_encoder():
     threads, and a value has been through serde, which refuses a cycle, before
     it gets here. Its arguments are CPython's own (3.11 to 3.13), not a public
     API: where they differ, or there is no C part, None, and the text comes
-    from _JSON_ENCODER.encode."""
+    from _JSON_ENCODER.encode. Its options are read from _JSON_ENCODER, so
+    that both paths make the same text."""
     if json.encoder.c_make_encoder is None:
         return None
+    options = _JSON_ENCODER
     try:
         return json.encoder.c_make_encoder(
-            None, _JSON_ENCODER.default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-            False, False, True,
+            None, options.default,
+            json.encoder.encode_basestring_ascii if options.ensure_ascii else json.encoder.encode_basestring,
+            options.indent, options.key_separator, options.item_separator,
+            options.sort_keys, options.skipkeys, options.allow_nan,
         )
     except TypeError:
         return None
