@@ -14,7 +14,8 @@ from typing import Any
 
 from django.db import connections
 
-from .errors import EverystepError
+from . import serde
+from .errors import EverystepError, Suspended
 
 MAX_STEP_ID_LENGTH = 300
 _local = threading.local()
@@ -48,6 +49,11 @@ class RunState:
         self.claimer = claimer
         self.store: dict[str, Outcome] = {}
         self.halt: BaseException | None = None
+        # Every wait a scope stopped at this pass (``Waiting``s, in order), not
+        # only the one that set ``halt``: in a parallel fork several branches can
+        # reach their wait, and each must be able to wake the run (its wake time,
+        # its event key), so the suspension writes a wait row for each.
+        self.suspended: list = []
         self.engine_error: BaseException | None = None
         self.leave_check = leave_check
         # The step executing now in each scope (a Context: its running_step),
@@ -74,6 +80,8 @@ class RunState:
         with self._lock:
             if self.halt is None:
                 self.halt = exc
+            if isinstance(exc, Suspended):
+                self.suspended.append(exc.waiting)
         raise exc
 
     def executing_steps(self) -> list[str]:
@@ -144,6 +152,11 @@ class Context:
         if not isinstance(everystep_id, str) or not everystep_id:
             raise EverystepError(
                 f"everystep_id must be a non-empty string, got {everystep_id!r} ({self._where()})"
+            )
+        problem = serde.unstorable_text(everystep_id)
+        if problem:
+            raise EverystepError(
+                f"everystep_id {everystep_id!r} cannot be stored: {problem} ({self._where()})"
             )
         if "." in everystep_id:
             raise EverystepError(

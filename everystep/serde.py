@@ -6,7 +6,12 @@ happens to contain ``"$es"`` is wrapped as ``{"$es": "dict", "v": {...}}``, so
 decoding never mistakes user data for a tag. Everything round-trips to the
 original type: datetime (aware or naive), date, timedelta, UUID, bytes,
 bytearray, tuple, enum members. Floats must be finite (PostgreSQL's jsonb
-refuses NaN and infinities); dict keys must be strings.
+refuses NaN and infinities); dict keys must be strings; text must hold no NUL
+character and no lone surrogate (jsonb refuses both, and libpq would cut a
+string at the NUL). Subclasses of list, tuple and dict (a namedtuple, an
+OrderedDict) are refused: they would come back as the plain type, so a replay
+would see another value than the first pass did. A subclass of str, int or
+float is stored as the plain value.
 """
 
 import base64
@@ -14,6 +19,7 @@ import datetime as dt
 import enum
 import importlib
 import json
+import re
 import uuid
 from typing import Any
 
@@ -35,19 +41,48 @@ class _Refused(EverystepError):
 # goes through _encode. Most step arguments and results are one of these.
 _PLAIN = frozenset({str, int, bool, type(None)})
 
+# What no backend stores alike: PostgreSQL's jsonb and text columns refuse NUL
+# and lone surrogates (MariaDB and SQLite keep them), and libpq's text
+# parameters end at a NUL.
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_text(text: str) -> str | None:
+    """Why ``text`` cannot be stored by every backend alike, or None."""
+    if "\x00" in text:
+        return "it holds a NUL character (\\x00)"
+    if not text.isascii() and _UNSTORABLE_TEXT.search(text):
+        return "it holds a lone surrogate (text that is not valid Unicode)"
+    return None
+
 
 def encode(value: Any) -> Any:
     """Return a JSON-compatible structure for ``value`` or raise ``EverystepError``
     naming where in the value the problem is (``$['items'][3]``)."""
+    # Most step arguments (a list), keyword arguments (a dict) and results are
+    # plain scalars, stored as they are: one pass, no copy, no dispatch. Text
+    # is plain when it is ASCII without a NUL (two C-speed scans); any other
+    # text takes _encode's full check. Written out inline: this runs three
+    # times per step.
     kind = type(value)
     if kind in _PLAIN:
-        return value
-    # A step's arguments (a list) and keyword arguments (a dict) are most often
-    # plain values, stored as they are: one pass over them, no copy, no dispatch.
-    if kind is list and all(type(item) in _PLAIN for item in value):
-        return value
-    if kind is dict and TAG not in value and all(
-        type(key) is str and type(item) in _PLAIN for key, item in value.items()
+        if kind is not str or (value.isascii() and "\x00" not in value):
+            return value
+    elif kind is list:
+        if all(
+            (t := type(i)) in _PLAIN and (t is not str or (i.isascii() and "\x00" not in i)) for i in value
+        ):
+            return value
+    elif (
+        kind is dict
+        and TAG not in value
+        and all(
+            type(k) is str
+            and k.isascii()
+            and "\x00" not in k
+            and ((t := type(i)) in _PLAIN and (t is not str or (i.isascii() and "\x00" not in i)))
+            for k, i in value.items()
+        )
     ):
         return value
     try:
@@ -58,27 +93,46 @@ def encode(value: Any) -> Any:
         raise EverystepError("the value is nested too deeply to store as JSON") from None
 
 
+def check_text(what: str, text: str) -> None:
+    """Refuse, naming it, text that is not stored alike by every backend (an
+    event key, a worker's name, an operator's message): a clear EverystepError
+    on every backend, not a DataError on PostgreSQL alone."""
+    problem = unstorable_text(text)
+    if problem:
+        raise EverystepError(f"{what} {text!r} is refused: {problem}")
+
+
 def _encode(value: Any) -> Any:
-    if type(value) in _PLAIN:
+    if isinstance(value, enum.Enum):  # before str and int: a StrEnum, an IntEnum
+        return {TAG: "enum", "cls": _enum_path(type(value)), "v": _encode(value.value)}
+    if isinstance(value, str):
+        problem = unstorable_text(value)
+        if problem:
+            raise _Refused(f"{value!r} is not storable: {problem}")
         return value
-    if isinstance(value, enum.Enum):
-        cls = type(value)
-        return {TAG: "enum", "cls": f"{cls.__module__}.{cls.__qualname__}", "v": _encode(value.value)}
-    if value is None or isinstance(value, bool | str | int):
+    if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             raise _Refused(f"{value!r} is not storable as JSON (must be finite)")
+        if abs(value) >= 1e16:
+            # jsonb keeps a number as numeric and prints 1e+16 as
+            # 10000000000000000, which reads back as an int.
+            return {TAG: "float", "v": repr(float(value))}
         return value
-    if isinstance(value, list):
-        return _encode_items(value)
-    if isinstance(value, tuple):
-        return {TAG: "tuple", "v": _encode_items(value)}
-    if isinstance(value, dict):
+    if type(value) in _CONTAINERS:
+        kind = type(value)
+        if kind is list:
+            return _encode_items(value)
+        if kind is tuple:
+            return {TAG: "tuple", "v": _encode_items(value)}
         encoded = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _Refused(f"dict key {key!r} is a {type(key).__name__}; JSON keys must be str")
+            problem = unstorable_text(key)
+            if problem:
+                raise _Refused(f"dict key {key!r} is not storable: {problem}")
             try:
                 encoded[key] = _encode(item)
             except _Refused as exc:
@@ -96,10 +150,41 @@ def _encode(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         kind = "bytes" if isinstance(value, bytes) else "bytearray"
         return {TAG: kind, "v": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, list | tuple | dict):
+        base = next(kind for kind in _CONTAINERS if isinstance(value, kind))
+        raise _Refused(
+            f"a {type(value).__module__}.{type(value).__qualname__} would come back as a plain "
+            f"{base.__name__} on replay; pass a plain {base.__name__}"
+        )
     raise _Refused(
         f"a {type(value).__module__}.{type(value).__qualname__} is not serializable; "
         "use JSON types, datetime, date, timedelta, UUID, bytes, tuple or an Enum"
     )
+
+
+_CONTAINERS = (list, tuple, dict)
+
+# Enum classes checked to import back as themselves, by class.
+_IMPORTABLE_ENUMS: dict[type, str] = {}
+
+
+def _enum_path(cls: type) -> str:
+    """The dotted path an enum member is stored under, once it is known to
+    import back as ``cls``: a class defined in a function, or one replaced
+    since, would be written and then be unreadable on replay."""
+    path = _IMPORTABLE_ENUMS.get(cls)
+    if path is None:
+        path = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            found = import_string(path)
+        except ImportError:
+            found = None
+        if found is not cls:
+            raise _Refused(
+                f"the enum {path} cannot be imported back by that path (define it at module level)"
+            )
+        _IMPORTABLE_ENUMS[cls] = path
+    return path
 
 
 def _encode_items(items) -> list:
@@ -114,14 +199,24 @@ def _encode_items(items) -> list:
 
 
 def decode(data: Any) -> Any:
-    """Inverse of :func:`encode`."""
+    """Inverse of :func:`encode`. A malformed tag (hand-written JSON, say)
+    raises ``EverystepError``."""
     if isinstance(data, list):
         return [decode(item) for item in data]
     if not isinstance(data, dict):
         return data
     if TAG not in data:
         return {key: decode(item) for key, item in data.items()}
-    kind = data[TAG]
+    try:
+        return _decode_tagged(data[TAG], data)
+    except EverystepError:
+        raise
+    except (LookupError, TypeError, ValueError, AttributeError, ImportError, OverflowError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+        raise EverystepError(f"unreadable everystep JSON tag {data[TAG]!r}: {problem}") from None
+
+
+def _decode_tagged(kind, data: dict) -> Any:
     if kind == "dict":
         return {key: decode(item) for key, item in data["v"].items()}
     if kind == "tuple":
@@ -138,8 +233,15 @@ def decode(data: Any) -> Any:
         return base64.b64decode(data["v"])
     if kind == "bytearray":
         return bytearray(base64.b64decode(data["v"]))
+    if kind == "float":
+        return float(data["v"])
     if kind == "enum":
-        return import_string(data["cls"])(decode(data["v"]))
+        cls = import_string(data["cls"])
+        # Only an Enum is called: the path comes from the stored JSON, which an
+        # operator may have typed (a resolved step's result, an event's value).
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+            raise EverystepError(f"{data['cls']!r} is not an Enum class")
+        return cls(decode(data["v"]))
     raise EverystepError(f"unknown everystep JSON tag {kind!r}")
 
 
@@ -181,19 +283,28 @@ def encode_exception(exc: BaseException) -> dict:
     else only the message, so the stored payload is always valid JSON.
     """
     cls = type(exc)
+    message = storable_text(str(exc))
     if isinstance(exc, BaseExceptionGroup):
-        args = [exc.message, [encode_exception(e) for e in exc.exceptions]]
+        args = [storable_text(exc.message), [encode_exception(e) for e in exc.exceptions]]
     else:
         try:
             args = encode(list(exc.args))
         except EverystepError:
-            args = [str(exc)]
-    payload = {"type": f"{cls.__module__}.{cls.__qualname__}", "message": str(exc), "args": args}
+            args = [message]
+    payload = {"type": f"{cls.__module__}.{cls.__qualname__}", "message": message, "args": args}
     # A task's failure keeps the traceback django.tasks reports (everystep.tasks sets it).
     formatted = getattr(exc, "_everystep_traceback", None)
     if isinstance(formatted, str):
-        payload["traceback"] = formatted
+        payload["traceback"] = storable_text(formatted)
     return payload
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what cannot be stored written as escapes (``\\x00``,
+    ``\\ud800``): an error's message is kept, readable, rather than lost."""
+    if unstorable_text(text) is None:
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def decode_exception(payload: dict) -> BaseException:

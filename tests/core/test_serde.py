@@ -1,5 +1,10 @@
+import collections
 import datetime as dt
+import decimal
+import enum
 import json
+import os
+import re
 import uuid
 
 import pytest
@@ -10,12 +15,14 @@ from everystep import serde
 from everystep.errors import EverystepError, StepFailure, Terminal
 from tests.core.workflows import Color
 
+# Text every backend stores: no NUL, no lone surrogate (Cs).
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
 scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**53), max_value=2**53),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.text(),
+    text,
     st.datetimes(timezones=st.one_of(st.none(), st.just(dt.UTC))),
     st.dates(),
     st.timedeltas(),
@@ -29,7 +36,7 @@ values = st.recursive(
     lambda children: st.one_of(
         st.lists(children),
         st.lists(children).map(tuple),
-        st.dictionaries(st.one_of(st.text(), st.just("$es")), children),
+        st.dictionaries(st.one_of(text, st.just("$es")), children),
     ),
     max_leaves=20,
 )
@@ -42,7 +49,7 @@ def test_round_trip_keeps_values_and_types(value):
     assert type(restored) is type(value)
 
 
-@given(st.dictionaries(st.text(), st.text()))
+@given(st.dictionaries(text, text))
 def test_plain_dict_with_tag_like_content_is_not_mistaken(value):
     value = {**value, "$es": "datetime", "v": "2020-01-01T00:00:00"}
     assert serde.loads(serde.dumps(value)) == value
@@ -67,6 +74,82 @@ def test_unsupported_values_are_refused_with_their_path(value, problem):
     with pytest.raises(EverystepError, match=problem) as info:
         serde.encode({"outer": [value]})
     assert "$['outer'][0]" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("a\x00b", "NUL character"),
+        ("caf\u00e9 \ud800", "lone surrogate"),
+        ({"k\x00": 1}, "dict key .* NUL character"),
+    ],
+)
+def test_text_a_backend_cannot_store_is_refused_on_every_backend(value, problem):
+    # PostgreSQL's jsonb refuses NUL and lone surrogates after the fact (and
+    # libpq cuts text at a NUL); SQLite and MariaDB keep them. Refused alike.
+    with pytest.raises(EverystepError, match=problem):
+        serde.encode({"outer": [value]})
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize(
+    "value, plain",
+    [(Point(1, 2), "tuple"), (collections.OrderedDict(a=1), "dict"), (collections.UserList([1]), None)],
+)
+def test_subclasses_of_containers_are_refused_not_stored_as_the_plain_type(value, plain):
+    # A namedtuple stored as a tuple would replay without its fields: point.x
+    # works on the first pass and fails after a crash.
+    with pytest.raises(
+        EverystepError, match=f"would come back as a plain {plain}" if plain else "not serializable"
+    ):
+        serde.encode([value])
+
+
+def test_an_enum_that_cannot_be_imported_back_is_refused_when_stored():
+    class Local(enum.Enum):
+        ONE = 1
+
+    with pytest.raises(EverystepError, match="cannot be imported back"):
+        serde.encode(Local.ONE)
+
+
+@pytest.mark.parametrize(
+    "value", [1e16, -6.02e23, 2.0**70, 1.7976931348623157e308, 123456789012345.0, 5e-324]
+)
+def test_large_floats_keep_their_type_through_text_that_prints_them_whole(value):
+    # jsonb keeps numbers as numeric and prints them without an exponent:
+    # 1e+16 comes back as 10000000000000000, an int to json.loads.
+    def as_numeric(match):
+        return format(decimal.Decimal(match.group()), "f")
+
+    printed = re.sub(r"-?\d+(\.\d+)?e[+-]?\d+", as_numeric, json.dumps(serde.encode(value)))
+    restored = serde.decode(json.loads(printed))
+    assert type(restored) is float and restored == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"$es": "uuid"}',
+        '{"$es": "dict", "v": 5}',
+        '{"$es": "timedelta", "s": 1e300, "us": 0}',
+        '{"$es": "enum", "cls": "gone.Color", "v": 1}',
+        '{"$es": "enum", "cls": "tests.core.workflows.Color", "v": "no such member"}',
+    ],
+)
+def test_malformed_tags_are_refused_with_everystep_error(text):
+    with pytest.raises(EverystepError, match="unreadable everystep JSON tag"):
+        serde.loads(text)
+
+
+def test_an_enum_tag_calls_nothing_but_an_enum(tmp_path):
+    # The JSON may come from an operator (a resolved step's result, an event's value).
+    target = tmp_path / "made"
+    with pytest.raises(EverystepError, match="'os.mkdir' is not an Enum class"):
+        serde.loads(json.dumps({"$es": "enum", "cls": "os.mkdir", "v": str(target)}))
+    assert not os.path.exists(target)
 
 
 def test_exception_payload_shape_and_round_trip():
@@ -97,6 +180,13 @@ def test_exception_with_unserializable_args_keeps_its_message():
     payload = serde.encode_exception(KeyError(object()))
     assert json.dumps(payload)
     assert payload["args"] == [payload["message"]]
+
+
+def test_an_exception_message_a_backend_cannot_store_is_kept_escaped():
+    payload = serde.encode_exception(ValueError("bad record: a\x00b \ud800"))
+    assert payload["message"] == "bad record: a\\x00b \\ud800"
+    assert serde.encode(payload) == payload
+    assert type(serde.decode_exception(payload)) is ValueError
 
 
 def test_exception_group_round_trips():
