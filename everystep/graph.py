@@ -10,16 +10,18 @@ empty and ``reason`` names the construct, its line and why. It never raises.
 Followed: statements, ``with`` blocks and expressions in evaluation order; helpers (also
 through project decorators, class attributes and module-level objects) and ``@workflow``
 functions called from the body, inlined in the caller's scope; ``parallel`` branches that
-are lambdas, steps, helpers or lists of them. Loops, conditions, ``try`` and comprehensions
-are fine while they call no step (and no ``return`` inside one precedes a step). Anything
-else that could call a step is refused: steps in loops or conditions, ids that are not
-string literals, calls through local names, ``self`` or computed expressions, steps passed
-as values or wrapped by library code, ``*branches``, recursion, missing source.
+are lambdas, steps, helpers or lists of them. Loops, conditions, ``try``, comprehensions and
+assert messages are fine while they call no step (and no ``return`` inside one precedes a
+step). Anything else that could call a step is refused: steps in loops or conditions, ids
+that are not string literals, calls through local names, ``self`` or computed expressions,
+steps passed as values or wrapped by library code, ``*branches``, recursion, missing source.
 
 Assumed, not checked: methods of values computed at run time (``order.save()`` on a local
 ``order``), instantiating classes and library code (stdlib, site-packages, everystep) call
 no steps, and context managers do not swallow exceptions.
 """
+
+import __future__
 
 import ast
 import builtins
@@ -91,7 +93,7 @@ _LIBRARY = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib",
 _LAZY = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _DEPENDS, _COUNT = "which steps run depends on the data", "the number of steps depends on the data"
 _AT_RUN_TIME = "is only known at run time"
-# compound statement -> (the part always evaluated once, what it is, why it is refused)
+# statement -> (the part always evaluated once, what it is, why it is refused)
 _COMPOUND = {
     ast.If: ("test", "an if statement", _DEPENDS),
     ast.For: ("iter", "a for loop", _COUNT),
@@ -100,6 +102,7 @@ _COMPOUND = {
     ast.TryStar: (None, "a try statement", "which steps run depends on which fail"),
     ast.Match: ("subject", "a match statement", _DEPENDS),
     ast.ClassDef: (None, "a class statement", "its body is not followed"),
+    ast.Assert: ("test", "an assert message", "it runs only if the assertion fails"),
 }
 # expressions that may skip parts -> (what it is, how many leading parts surely run)
 _SHORT_CIRCUIT = {
@@ -159,6 +162,7 @@ class _Frame:
     body: bool  # the workflow body itself: messages say just "line N"
     owner: str | None = None  # a method's self or cls parameter
     exit: str | None = None  # set by a conditional return: later steps may not run
+    annotations: bool = True  # defs here evaluate their annotations (no __future__ annotations)
 
     @classmethod
     def of(cls, func, *, body: bool, method: bool = False) -> "_Frame":
@@ -184,7 +188,9 @@ class _Frame:
         namespaces = (cells, func.__globals__, vars(builtins))
         local_names = frozenset(code.co_varnames + code.co_cellvars)
         owner = code.co_varnames[0] if method and code.co_argcount else None
-        return cls(name, node, namespaces, local_names, body, owner)
+        # The future import makes the annotations of defs in this source strings, never run.
+        annotations = not code.co_flags & __future__.annotations.compiler_flag
+        return cls(name, node, namespaces, local_names, body, owner, annotations=annotations)
 
 
 class _Walker:
@@ -355,6 +361,10 @@ class _Walker:
             return self.stmts(s.body)
         elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):  # defining runs no body
             self.visit([*s.decorator_list, *s.args.defaults, *s.args.kw_defaults])
+            if self.frames[-1].annotations:  # then the annotations, in CPython's order
+                args = s.args
+                params = (*args.args, *args.posonlyargs, args.vararg, *args.kwonlyargs, args.kwarg)
+                self.visit([*(p.annotation for p in params if p), s.returns])
         elif isinstance(s, ast.Assign | ast.AnnAssign):  # the value runs before the targets
             self.visit([s.value, *(s.targets if isinstance(s, ast.Assign) else [s.target])])
         elif isinstance(s, ast.AsyncWith | ast.AsyncFor):

@@ -195,6 +195,23 @@ def methods_and_decorators():
     return notify("end")
 
 
+@workflow
+def def_time_evaluation():
+    """A def runs no body, but its defaults, then its annotations (in CPython's order)."""
+
+    def inner(
+        first: charge(5) = charge(1),  # noqa: B008
+        /,
+        second: charge(4) = charge(2),  # noqa: B008
+        *rest: charge(6),
+        key: charge(7) = charge(3),  # noqa: B008
+        **more: charge(8),
+    ) -> notify(everystep_id="returns"):
+        return first
+
+    return charge(10)
+
+
 STRAIGHT_ARGS = {
     sequential: (7,),
     named: (),
@@ -207,6 +224,7 @@ STRAIGHT_ARGS = {
     busy_expressions: ({"name": "ada", "items": [{"price": 2}, {"price": 3}]},),
     evaluation_order: (),
     methods_and_decorators: (),
+    def_time_evaluation: (),
 }
 
 
@@ -349,6 +367,12 @@ def starred_branches(amounts):
 @workflow
 def step_as_value(amounts):
     return list(map(charge, amounts))
+
+
+@workflow
+def assert_message():
+    assert charge(1), notify("only if the assertion fails")
+    return ship()
 
 
 @workflow

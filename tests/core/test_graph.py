@@ -1,5 +1,6 @@
 """The intended structure: the ids the runtime will assign, read from the source, or why not."""
 
+import importlib.util
 import inspect
 import textwrap
 
@@ -110,6 +111,32 @@ def test_python_evaluation_order_decides_the_numbering():
     ]
 
 
+def test_a_nested_def_runs_its_defaults_then_its_annotations():
+    assert ids(s.def_time_evaluation) == ["1", "2", "3", "4", "5", "6", "7", "8", "returns", "10"]
+
+
+def test_under_the_future_import_annotations_are_strings_and_run_no_step(tmp_path):
+    path = tmp_path / "future_annotations.py"
+    path.write_text(
+        textwrap.dedent(f"""\
+            from __future__ import annotations
+
+            from {SAMPLES} import charge, notify, ship
+
+
+            def body():
+                def inner(value: charge(1) = notify()) -> charge(2):
+                    return value
+
+                return ship()
+            """)
+    )
+    spec = importlib.util.spec_from_file_location("future_annotations", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert intended_steps(module.body).steps == [("1", f"{SAMPLES}.notify"), ("2", f"{SAMPLES}.ship")]
+
+
 def test_class_methods_objects_and_project_decorators_are_followed_and_empty_forks_count():
     graph = intended_steps(s.methods_and_decorators)
     assert [step_id for step_id, _ in graph.steps] == ["1", "2", "3", "4", "5", "6.0.1", "6.1.1", "9"]
@@ -172,6 +199,11 @@ REFUSED = [
         s.library_wrapper,
         "cached_helper()",
         "cached_helper wraps code that calls steps: how it calls it is not analysed",
+    ),
+    (
+        s.assert_message,
+        "assert charge",
+        "an assert message with steps inside: it runs only if the assertion fails",
     ),
     (s.early_return, "if flag", "a return inside an if statement: the steps after it may not run"),
 ]
