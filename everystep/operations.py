@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import children, database, registry, statements, waits
+from . import children, database, registry, serde, statements, waits
 from .errors import EverystepError, StepFailure, Terminal
 from .models import Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
@@ -69,6 +69,9 @@ def resolve_step(
         )
     if error is not None and not str(error).strip():
         raise EverystepError("the error message must not be empty")
+    if error is not None:
+        serde.check_text("the error message", str(error))
+    serde.check_text("the step id", str(step_id))
     run_id = parse_run_id(run_id)
     with database.atomic():
         run = Workflow.objects.select_for_update().filter(id=run_id).first()
@@ -205,6 +208,8 @@ def requeue_run(
     ``expected_claimer``: only while that worker holds the run (the one the
     operator believes dead), not a worker that claimed it since."""
     run_id = parse_run_id(run_id)
+    if expected_claimer is not None:
+        serde.check_text("the claimer", expected_claimer)
     _allowed_from(run_id, expected_status, REQUEUEABLE, "requeued")
     with database.atomic():
         running = Workflow.objects.filter(id=run_id)
@@ -284,6 +289,7 @@ def requeue_claimer(name: str) -> list[uuid.UUID]:
     """Requeue every run left ``running`` under worker ``name``; returns their ids."""
     if not name or not name.strip():
         raise EverystepError("a claimer name must not be empty")
+    serde.check_text("the claimer name", name)
     with database.atomic():
         return _requeue_parked(name)
 
@@ -347,6 +353,10 @@ def _refusal(run_id, expected_status, allowed, done: str) -> EverystepError:
 
 # ---------------------------------------------------------------- retention
 
+# The oldest cutoff prune takes, in days (100 years): older than any run, and
+# far inside what every backend's datetime (and Python's) can hold.
+PRUNE_MAX_DAYS = 36525
+
 
 def prune(
     *,
@@ -361,6 +371,8 @@ def prune(
     waits for an operator and is pruned only when asked for by name. Never a
     non-terminal run. Deletes in batches of ``batch`` runs, each its own
     transaction on locked rows (so a run retried meanwhile is not deleted).
+    A run waiting for a deleted child is woken in that transaction: it
+    raises ``ChildFailed`` saying the child was deleted.
     Returns how many runs were deleted (or would be, with ``dry_run``).
     """
     statuses = _prunable(statuses)
@@ -368,6 +380,8 @@ def prune(
         raise EverystepError(f"the batch size must be at least 1, got {batch}")
     if older_than < dt.timedelta(0):
         raise EverystepError("the age cutoff must not be negative")
+    if older_than > dt.timedelta(days=PRUNE_MAX_DAYS):
+        raise EverystepError(f"the age cutoff must be at most {PRUNE_MAX_DAYS} days (100 years)")
     old = Workflow.objects.filter(
         status__in=statuses, completed_at__lt=timezone.now() - older_than
     ).order_by()
@@ -379,8 +393,22 @@ def prune(
             ids = list(old.select_for_update().values_list("id", flat=True)[:batch])
             if not ids:
                 return deleted
+            _wake_waiters_of(ids)
             Workflow.objects.filter(id__in=ids, status__in=statuses).only("id").delete()
         deleted += len(ids)
+
+
+def _wake_waiters_of(run_ids) -> None:
+    """``children.wake_waiters`` for runs about to be deleted, with one read
+    for the whole batch: a parent waiting for one of them (a blocked child;
+    an ended one woke its waiters as it ended) would otherwise wait forever,
+    as nothing ends a deleted run. Woken, it replays the wait and finds the
+    child gone (``ChildFailed``). The caller locked the runs' rows first, as
+    a child's end does."""
+    keys = [str(run_id) for run_id in run_ids]
+    waiting = Wait.objects.filter(kind=children.WAIT_KIND, key__in=keys).order_by()
+    for run_id, key in waiting.values_list("run_id", "key"):
+        waits.wake(run_id, kind=children.WAIT_KIND, key=key)
 
 
 def _prunable(statuses) -> list[str]:

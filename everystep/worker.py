@@ -31,6 +31,7 @@ the worker warns and polls only.
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -172,13 +173,22 @@ class Worker:
             raise EverystepError(" ".join(message for _, message in problems))
         if pool_size < 1:
             raise EverystepError(f"the pool size must be at least 1, got {pool_size}")
+        # NaN passes the comparisons below: as a poll it makes every idle wait
+        # 0 s (a busy loop), as a drain a deadline never reached.
+        if not math.isfinite(poll):
+            raise EverystepError(f"the poll interval must be a finite number of seconds, got {poll}")
         if poll <= 0:
             raise EverystepError(f"the poll interval must be positive, got {poll}")
+        if not math.isfinite(drain):
+            raise EverystepError(
+                f"the drain timeout must be a finite number of seconds (0 waits forever), got {drain}"
+            )
         if drain < 0:
             raise EverystepError(f"the drain timeout must not be negative, got {drain}")
         name = name or socket.gethostname()
         if len(name) > 255:
             raise EverystepError(f"the worker name is {len(name)} characters; the limit is 255")
+        serde.check_text("the worker name", name)  # written to claimed_by and the heartbeat
         self.pool_size = pool_size
         self.poll = poll
         self.name = name

@@ -3,6 +3,8 @@ child run ends; the child's end wakes it in the same transaction; the outcome
 is recorded in the parent once; a failed or stopped child raises a named
 exception carrying the child's error; a blocked child keeps the parent waiting."""
 
+import datetime as dt
+
 import pytest
 
 from everystep import children, operations, runner, waits
@@ -103,6 +105,22 @@ def test_a_blocked_child_keeps_the_parent_waiting():
     assert children.finish_child(child.id, CLAIMER, "blocked", error={"type": "x", "message": "uncertain"})
     assert status_of(parent) == "waiting"
     assert Wait.objects.filter(run_id=parent.id).exists()
+
+
+def test_pruning_a_blocked_child_wakes_its_parent_which_raises_child_failed():
+    """Nothing ends a deleted child: prune wakes the runs waiting for it in its
+    delete's transaction, and the parent's replay finds the child gone."""
+    parent, child = waiting_parent("ok", "d2")
+    claim(child)
+    assert children.finish_child(child.id, CLAIMER, "blocked", error={"type": "x", "message": "uncertain"})
+    assert operations.prune(older_than=dt.timedelta(0), statuses=["blocked"]) == 1
+    assert status_of(parent) == "scheduled"
+    assert not Wait.objects.filter(run_id=parent.id).exists()
+    parent = run_once(Workflow.objects.get(id=parent.id))
+    assert parent.status == "completed"
+    assert (parent.result["raised"], parent.result["child"]) == ("ChildFailed", str(child.id))
+    row = Step.objects.get(workflow_id=parent.id, step_id="3")
+    assert "deleted before its parent read its end" in row.error["message"]
 
 
 def test_a_stopped_parent_is_not_woken_by_its_childs_end():

@@ -1,3 +1,4 @@
+import json
 import threading
 
 import pytest
@@ -167,6 +168,16 @@ def test_racing_claimant_cannot_run_the_effect_twice(monkeypatch):
         (("00000000-0000-7000-8000-000000000000", "1", "--discard"), "does not exist"),
         (("{run}", "9", "--discard"), "not a started step"),
         (("{run}", "1", "--result", "{not json"), "not valid JSON"),
+        # Malformed everystep tags: refused, not a KeyError/ImportError/OverflowError traceback.
+        (("{run}", "1", "--result", '{"$es": "uuid"}'), "not valid JSON"),
+        (("{run}", "1", "--result", '{"$es": "uuid", "v": 5}'), "not valid JSON"),
+        (("{run}", "1", "--result", '{"$es": "dict", "v": 5}'), "not valid JSON"),
+        (("{run}", "1", "--result", '{"$es": "enum", "cls": "nope.X", "v": 1}'), "not valid JSON"),
+        (("{run}", "1", "--result", '{"$es": "timedelta", "s": 1e300, "us": 0}'), "not valid JSON"),
+        # A NUL character: PostgreSQL refuses it (a DataError there), refused alike everywhere.
+        (("{run}", "1", "--error", "card\x00declined"), "the error message .* NUL character"),
+        (("{run}", "1", "--result", '"a\\u0000b"'), "NUL character"),
+        (("{run}", "1\x00", "--discard"), "the step id .* NUL character"),
     ],
 )
 def test_resolve_command_refuses_bad_input_and_changes_nothing(args, problem):
@@ -177,6 +188,18 @@ def test_resolve_command_refuses_bad_input_and_changes_nothing(args, problem):
     row.refresh_from_db()
     assert row.status == "blocked"
     assert row.steps.get().status == "started"
+
+
+def test_resolve_command_result_calls_no_function(tmp_path):
+    """--result is a JSON value: an ``enum`` tag naming any callable is refused,
+    not imported and called (os.mkdir here; os.system would run a command)."""
+    row = blocked_run()
+    target = tmp_path / "made-by-resolve"
+    value = json.dumps({"$es": "enum", "cls": "os.mkdir", "v": str(target)})
+    with pytest.raises(CommandError, match="not valid JSON"):
+        call_command("everystep_resolve_step", str(row.id), "1", "--result", value)
+    assert not target.exists()
+    assert Workflow.objects.get(id=row.id).status == "blocked"
 
 
 def test_resolve_refuses_a_run_that_is_not_blocked():

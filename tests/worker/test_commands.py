@@ -42,14 +42,21 @@ def run_command(*args) -> str:
     [
         (["--pool", "0"], "pool size must be at least 1"),
         (["--poll", "0"], "poll interval must be positive"),
+        (["--poll", "nan"], "poll interval must be a finite number"),  # not an idle busy loop
         (["--drain", "-1"], "drain timeout must not be negative"),
+        (["--drain", "nan"], "drain timeout must be a finite number"),  # not a drain that never ends
         (["--name", " "], "--name must not be empty"),
         (["--name", "x" * 256], "limit is 255"),
+        (["--name", "w\x00"], "worker name .* NUL character"),
         (["--metrics-port", "70000"], "--metrics-port must be a TCP port"),
         (["--pool", "many"], "invalid int value"),
     ],
 )
-def test_worker_refuses_bad_options(args, message):
+def test_worker_refuses_bad_options(args, message, monkeypatch):
+    from everystep.worker import Worker
+
+    # An option let through would start a worker that never returns: fail instead.
+    monkeypatch.setattr(Worker, "run", lambda self: pytest.fail("the worker started"))
     with pytest.raises(CommandError, match=message):
         call_command("everystep_worker", *args)
 
@@ -124,6 +131,7 @@ def test_requeue_by_claimer():
         ([], "either RUN_ID... or --claimer NAME"),
         ([str(uuid.uuid4()), "--claimer", "w1"], "either RUN_ID... or --claimer NAME"),
         (["--claimer", ""], "must not be empty"),
+        (["--claimer", "w\x00"], "claimer name .* NUL character"),  # a DataError on PostgreSQL
     ],
 )
 def test_requeue_refuses_bad_input(args, message):
@@ -157,6 +165,11 @@ def test_prune_dry_run_then_delete():
         ([], "the following arguments are required: --older-than"),
         (["--older-than", "-1"], "--older-than must not be negative"),
         (["--older-than", "soon"], "invalid float value"),
+        # What no timedelta or date holds: refused, not a ValueError/OverflowError traceback.
+        (["--older-than", "nan"], "--older-than must be a number of days up to 36525"),
+        (["--older-than", "inf"], "--older-than must be a number of days up to 36525"),
+        (["--older-than", "1e6"], "--older-than must be a number of days up to 36525"),
+        (["--older-than", "1e9"], "--older-than must be a number of days up to 36525"),
         (["--older-than", "1", "--batch", "0"], "--batch must be at least 1"),
         (["--older-than", "1", "--status", "running"], "cannot prune runs in status running"),
         (["--older-than", "1", "--status", "completed", "--status", "scheduled"], "only terminal runs"),

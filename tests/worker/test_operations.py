@@ -175,6 +175,8 @@ def test_requeue_is_guarded_on_the_expected_claimer():
     before = snapshot(run)
     with pytest.raises(EverystepError, match="moved on: it is running under w2 now, not w1"):
         operations.requeue_run(run.id, expected_claimer="w1")
+    with pytest.raises(EverystepError, match="claimer .* NUL character"):  # not a DataError on PostgreSQL
+        operations.requeue_run(run.id, expected_claimer="w2\x00")
     assert snapshot(run) == before
 
 
@@ -340,6 +342,8 @@ def test_prune_refuses_bad_arguments():
         operations.prune(older_than=dt.timedelta(days=1), batch=0)
     with pytest.raises(EverystepError, match="negative"):
         operations.prune(older_than=dt.timedelta(days=-1))
+    with pytest.raises(EverystepError, match="at most 36525 days"):
+        operations.prune(older_than=dt.timedelta(days=10**6))
     with pytest.raises(EverystepError, match="at least one status"):
         operations.prune(older_than=dt.timedelta(days=1), statuses=[])
 

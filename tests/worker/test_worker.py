@@ -284,8 +284,11 @@ def test_embedded_worker_installs_no_signal_handlers_and_stops(start_worker, mon
     [
         ({"pool_size": 0}, "pool size"),
         ({"poll": 0}, "poll interval"),
+        ({"poll": float("nan")}, "poll interval must be a finite number"),
         ({"drain": -1}, "drain timeout"),
+        ({"drain": float("nan")}, "drain timeout must be a finite number"),
         ({"name": "x" * 256}, "limit is 255"),
+        ({"name": "w\x00"}, "worker name .* NUL character"),
         ({"heartbeat_interval": 0}, "EVERYSTEP_HEARTBEAT_INTERVAL must be a positive number"),
         ({"recover_stale_after": -1}, "EVERYSTEP_RECOVER_STALE_AFTER must be a positive number"),
         ({"recover_stale_after": "60"}, "EVERYSTEP_RECOVER_STALE_AFTER must be a positive number"),

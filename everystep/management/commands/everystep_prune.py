@@ -1,4 +1,5 @@
 import datetime as dt
+import math
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -29,6 +30,12 @@ class Command(BaseCommand):
     def handle(self, *, older_than, statuses, dry_run, batch, **options):
         if older_than < 0:
             raise CommandError(f"--older-than must not be negative, got {older_than}")
+        # argparse's float takes nan, inf and 1e9, which no timedelta or date holds.
+        if not math.isfinite(older_than) or older_than > operations.PRUNE_MAX_DAYS:
+            raise CommandError(
+                f"--older-than must be a number of days up to {operations.PRUNE_MAX_DAYS} (100 years), "
+                f"got {older_than:g}"
+            )
         if batch < 1:
             raise CommandError(f"--batch must be at least 1, got {batch}")
         try:
