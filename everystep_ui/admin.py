@@ -162,6 +162,14 @@ class WorkflowAdmin(ReadOnlyAdmin):
         ours = {func.__name__ for func in self.actions}
         if action in ours and action not in self.get_actions(request):
             raise PermissionDenied
+        # Django's response_action filters pk__in on the posted ids, and one
+        # that is not a UUID raises ValidationError there: a 500. The list and
+        # the confirmation page only post run ids, so a malformed one is a
+        # tampered request: 404, as for a malformed id in a URL (rather than
+        # dropping it and acting on the rest of a selection nobody made).
+        if request.method == "POST":
+            for run_id in request.POST.getlist(ACTION_CHECKBOX_NAME):
+                views.parse_id(uuid.UUID, run_id)
         extra_context = {"overview_url": self.page_url(request, "overview"), **(extra_context or {})}
         return super().changelist_view(request, extra_context)
 

@@ -14,7 +14,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR
 from django.utils import timezone
 
-from everystep import registry
+from everystep import registry, serde
+from everystep.errors import EverystepError
 from everystep.models import Workflow
 
 from .json_contains import filter_containing
@@ -35,6 +36,7 @@ class ArgumentJSONField(forms.CharField):
 
     default_error_messages = {
         "invalid_json": 'Enter valid JSON, for example {"order_id": 42} (%(problem)s).',
+        "unstorable": "Enter a value a run's arguments can hold (%(problem)s).",
     }
 
     def to_python(self, value):
@@ -49,6 +51,16 @@ class ArgumentJSONField(forms.CharField):
                 code="invalid_json",
                 params={"problem": str(exc)},
             )
+        # json.loads takes NaN, Infinity and 1e400 (as inf), which no run's
+        # arguments hold and the filtering would refuse with a 500; and text
+        # with NUL or a lone surrogate, which PostgreSQL's jsonb refuses. The
+        # engine's own check tells, so the list reports it as not applied.
+        try:
+            serde.encode(parsed)
+        except EverystepError as exc:
+            raise forms.ValidationError(
+                self.error_messages["unstorable"], code="unstorable", params={"problem": str(exc)}
+            )
         return parsed if isinstance(parsed, list) else [parsed]
 
 
@@ -61,9 +73,20 @@ class ArgumentContainsFilter(django_filters.Filter):
         return filter_containing(qs, self.field_name, value)
 
 
-def _start_of_day(day: dt.date) -> dt.datetime:
+def _start_of_day(day: dt.date) -> dt.datetime | None:
+    """Midnight at the start of ``day`` in the current time zone, or None when
+    that moment is outside the calendar in UTC, which SQLite and MySQL are
+    sent (converting overflows): 0001-01-01 east of UTC. Every run was created
+    after it, so the bound it would make leaves every run in."""
     moment = dt.datetime.combine(day, dt.time.min)
-    return timezone.make_aware(moment) if settings.USE_TZ else moment
+    if not settings.USE_TZ:
+        return moment
+    moment = timezone.make_aware(moment)
+    try:
+        moment.astimezone(dt.UTC)
+    except OverflowError:
+        return None
+    return moment
 
 
 class RunFilter(django_filters.FilterSet):
@@ -97,11 +120,16 @@ class RunFilter(django_filters.FilterSet):
         model = Workflow
         fields = []
 
+    # At the calendar's ends a day bound excludes no run: no bound is needed,
+    # and computing one would overflow (a 500 for a date the input offers).
+
     def filter_created_after(self, queryset, name, value):
-        return queryset.filter(created_at__gte=_start_of_day(value))
+        start = _start_of_day(value)
+        return queryset if start is None else queryset.filter(created_at__gte=start)
 
     def filter_created_before(self, queryset, name, value):
-        return queryset.filter(created_at__lt=_start_of_day(value + dt.timedelta(days=1)))
+        end = _start_of_day(value + dt.timedelta(days=1)) if value < dt.date.max else None
+        return queryset if end is None else queryset.filter(created_at__lt=end)
 
 
 class RunFilterSetListFilter(admin.ListFilter):

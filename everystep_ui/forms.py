@@ -7,6 +7,20 @@ from everystep.errors import EverystepError
 from everystep.models import Step, Wait, Workflow
 
 
+def unstorable(value) -> str:
+    """Why the engine would refuse to store ``value`` (empty if it would not).
+
+    Valid JSON can still hold what serde refuses (a NUL or a lone surrogate in
+    its text: ``"\\u0000"``); encoding it here shows that next to the field,
+    not as a message after the operation refused it (or a 500 from the database).
+    """
+    try:
+        serde.encode(value)
+    except EverystepError as exc:
+        return f"Cannot be stored: {exc}"
+    return ""
+
+
 class RunActionForm(forms.Form):
     """Every action posts the status the operator saw: the transition is
     conditional on it, so a run that moved on meanwhile is left alone."""
@@ -71,9 +85,12 @@ class SendEventForm(RunActionForm):
     def clean_value(self):
         text = self.cleaned_data["value"]
         try:
-            return serde.loads(text)
+            value = serde.loads(text)
         except (ValueError, EverystepError) as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc}") from None
+        if problem := unstorable(value):
+            raise forms.ValidationError(problem)
+        return value
 
 
 class RequeueForm(RunActionForm):
@@ -190,6 +207,9 @@ class ResolveForm(RunActionForm):
             except (ValueError, EverystepError) as exc:
                 problem = str(exc) if text.strip() else "it is empty (null if the step returned nothing)"
                 self.add_error("result", f"Not valid JSON: {problem}")
+            else:
+                if problem := unstorable(data["value"]):
+                    self.add_error("result", problem)
         elif resolution == "error" and not data.get("error"):
             self.add_error("error", "Enter the message to record with the failure.")
         return data

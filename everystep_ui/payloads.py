@@ -148,6 +148,9 @@ def _unescaped(token: str) -> str:
     return token
 
 
+_UNSAFE_IN_FILENAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
 def json_download(text: str | None, filename: str) -> HttpResponse:
     """The stored JSON text as an ``application/json`` attachment.
 
@@ -158,6 +161,10 @@ def json_download(text: str | None, filename: str) -> HttpResponse:
     body = "null" if text is None else text
     body = body.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     response = HttpResponse(body, content_type="application/json; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    # The name holds a step id, which may hold any character: a line break
+    # would make the header refused (a 500), a quote or ; end the name early.
+    # Anything but these few becomes _, so run and step ids stay readable.
+    safe_name = _UNSAFE_IN_FILENAME.sub("_", filename)
+    response["Content-Disposition"] = f'attachment; filename="{safe_name}"'
     response["X-Content-Type-Options"] = "nosniff"
     return response

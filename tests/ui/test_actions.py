@@ -388,6 +388,9 @@ def test_resolve_by_discarding_deletes_the_started_row(admin_client, run_in):
     [
         ({"resolution": "result", "result": "{not json"}, "result", "Not valid JSON"),
         ({"resolution": "result", "result": ""}, "result", "Not valid JSON"),
+        # Valid JSON everystep does not store (nor PostgreSQL's jsonb).
+        ({"resolution": "result", "result": '"\\u0000"'}, "result", "Cannot be stored"),
+        ({"resolution": "result", "result": '{"note": "\\ud800"}'}, "result", "Cannot be stored"),
         ({"resolution": "error", "error": "   "}, "error", "Enter the message to record"),
         ({}, "resolution", "This field is required."),
         ({"resolution": "discard", "step_id": "2"}, "step_id", "Select a valid choice."),

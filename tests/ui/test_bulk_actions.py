@@ -126,6 +126,20 @@ def confirm_data_post(client, action, run):
     return client.post(LIST, data)
 
 
+@pytest.mark.parametrize("action", ["retry_selected", "stop_selected"])
+@pytest.mark.parametrize("malformed", ["not-a-uuid", "1"])
+def test_a_malformed_run_id_in_the_selection_is_not_found(admin_client, run_in, action, malformed):
+    # Only a tampered or hand-written post holds one: 404, never 500 (UI.md).
+    run = run_in("failed" if action == "retry_selected" else "running")
+    before = statuses(run)
+    selected = {"action": action, "_selected_action": [str(run.pk), malformed]}
+    listed = {"index": "0"}
+    confirmed = {"post": "yes", f"seen-{run.pk}": run.status}
+    for post in (listed, confirmed):
+        assert admin_client.post(LIST, {**selected, **post}).status_code == 404
+    assert statuses(run) == before
+
+
 def test_the_run_list_offers_only_the_actions_the_user_may_take(operator_client, viewer_client, make_run):
     make_run()
     html = operator_client("stop_workflow").get(LIST).text

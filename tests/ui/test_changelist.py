@@ -5,6 +5,7 @@ import re
 import uuid
 
 import pytest
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -184,6 +185,18 @@ def test_filter_by_created_date_range(admin_client, runs):
     assert listed(admin_client, both) == recent
 
 
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "America/New_York"])
+def test_the_first_and_last_days_of_the_calendar_leave_every_run_in(admin_client, runs, zone):
+    # The date input offers them. The day after 9999-12-31 does not exist, and
+    # east of UTC 0001-01-01 starts in year 0 in UTC: no bound is needed there.
+    for bound in ({"created_before": "9999-12-31"}, {"created_after": "0001-01-01"}):
+        with override_settings(TIME_ZONE=zone):
+            response = admin_client.get(LIST, bound)
+        assert response.status_code == 200
+        assert "was not applied" not in response.text
+        assert set(listed_ids(response)) == ids(*runs.values())
+
+
 def test_filter_by_having_an_idempotency_key(admin_client, runs):
     assert listed(admin_client, {"has_idempotency_key": "true"}) == ids(runs["keyed"])
     unkeyed = ids(runs["old_failed"], runs["fresh"])
@@ -217,6 +230,20 @@ def test_invalid_argument_json_is_reported_and_not_applied(admin_client, runs):
     assert set(listed_ids(response)) == ids(*runs.values())
     # The form keeps what the user typed so it can be corrected.
     assert 'value="{order_id: 42"' in response.text
+
+
+@pytest.mark.parametrize(
+    "needle",
+    ["NaN", "Infinity", "-Infinity", "1e400", '{"amount": 1e999}']
+    + ['"\\u0000"', '{"note": "a\\u0000b"}', '"\\ud800"'],
+)
+def test_json_no_argument_can_hold_is_reported_and_not_applied(admin_client, runs, needle):
+    # json.loads takes non-finite numbers (1e400 is inf), NUL and lone
+    # surrogates; everystep stores none of them (nor does PostgreSQL's jsonb).
+    response = admin_client.get(LIST, {"args": needle})
+    assert response.status_code == 200
+    assert "The filter “Argument contains” was not applied: Enter a value a run" in response.text
+    assert set(listed_ids(response)) == ids(*runs.values())
 
 
 def test_the_valid_filters_apply_next_to_an_invalid_one(admin_client, runs):

@@ -142,6 +142,24 @@ def test_the_download_is_the_whole_value_as_json(admin_client, big_run):
     assert json.loads(response.content) == INTEGERS
 
 
+@pytest.mark.parametrize(
+    "step_id,in_name",
+    [
+        ("approve\nmanager", "approve_manager"),
+        ("approve\rmanager", "approve_manager"),
+        ('a "b"; c', "a__b___c"),
+    ],
+)
+def test_the_download_name_holds_only_safe_characters(admin_client, make_run, step_id, in_name):
+    # A step id may hold any character (everystep_id=): a line break would be
+    # refused in the header (a 500), a quote would end the name early.
+    run = make_run(status="completed", steps=[{"step_id": step_id, "result": {"ok": True}}])
+    response = admin_client.get(f"{step_page(run, run.steps.get())}json/result/")
+    assert response.status_code == 200
+    name = f"run-{run.pk}-step-{in_name}-result.json"
+    assert response["Content-Disposition"] == f'attachment; filename="{name}"'
+
+
 def test_the_download_keeps_tagged_values_and_escapes_markup(admin_client, make_run):
     import datetime as dt
 

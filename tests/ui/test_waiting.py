@@ -126,6 +126,8 @@ def test_a_second_value_for_a_key_is_not_stored_and_says_so(admin_client, waitin
     [
         ("k", "{not json", "value", "Not valid JSON"),
         ("k", "", "value", "This field is required."),
+        ("k", '"\\u0000"', "value", "Cannot be stored"),  # valid JSON everystep does not store
+        ("k", '"\\ud800"', "value", "Cannot be stored"),
         ("", "1", "key", "This field is required."),
         ("k" * 256, "1", "key", "Ensure this value has at most 255 characters"),
     ],
