@@ -11,6 +11,11 @@ next. Every other row recorded after S may depend on S: a later step in S's
 scope (also inside a fork nested there), or a step after the ``parallel``
 call that holds S, which starts only once all its branches have ended.
 
+A fork also leaves out a task run's ``task:started`` row (``everystep.tasks``:
+the time the run first started, ``TaskResult.started_at``): the fork is a new
+run, enqueued later, and records its own start. A re-run keeps it (unless cut
+at it): the run in place keeps its first start.
+
 Why replay resumes correctly from the rows kept: they are exactly what the run
 would hold had its process died just before S's row was written, with S's
 branch slower than its siblings. That is a state a crash can leave, and replay
@@ -43,6 +48,9 @@ RERUNNABLE = (Status.FAILED, Status.STOPPED, Status.COMPLETED)
 # A fork copies a settled history: the run has ended (blocked included).
 FORKABLE = tuple(Status.terminal_values())
 BATCH = 500  # ids per IN (...) list: well under every backend's limit on parameters
+# The name of a task run's first step (everystep.tasks.STARTED_STEP_ID), which
+# a fork leaves out; everystep.tasks is not imported here (Django 6 only).
+TASK_START = "everystep.tasks.task_started"
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class Cut:
     """A run's history cut at ``step``.
 
     ``discarded``: ``step`` and the rows after it, in recording order (a
-    re-run deletes them, a fork does not copy them: they run anew).
+    re-run deletes them, a fork does not copy them: they run anew); for a
+    fork, also a task run's ``task:started`` row, before ``step``.
     ``alongside``: rows recorded after ``step`` in branches running alongside
     its own; they are kept. ``kept``: the ids of every row kept, in recording
     order. ``uncertain``: kept rows still ``started``, where the resumed run
@@ -97,15 +106,15 @@ def rerun_preview(run_id, step_id: str) -> Cut:
 def fork_preview(run_id, step_id: str) -> Cut:
     """What :func:`fork_from_step` would copy and leave out now; changes nothing.
     Refuses as :func:`rerun_preview` does."""
-    return _preview(run_id, step_id, FORKABLE, "forked")
+    return _preview(run_id, step_id, FORKABLE, "forked", fork=True)
 
 
-def _preview(run_id, step_id: str, allowed, done: str) -> Cut:
+def _preview(run_id, step_id: str, allowed, done: str, *, fork: bool = False) -> Cut:
     run_id = parse_run_id(run_id)
     status = Workflow.objects.filter(id=run_id).values_list("status", flat=True).first()
     if status not in allowed:
         raise _refusal(run_id, None, allowed, done)
-    return _cut(run_id, status, step_id)
+    return _cut(run_id, status, step_id, fork=fork)
 
 
 def rerun_from_step(
@@ -175,7 +184,7 @@ def fork_from_step(
         origin = Workflow.objects.select_for_update().filter(id=run_id).only("name", "args", "status").first()
         if origin is None or origin.status not in statuses:
             raise _refusal(run_id, expected_status, FORKABLE, "forked")
-        cut = _cut(run_id, origin.status, step_id)
+        cut = _cut(run_id, origin.status, step_id, fork=True)
         _check_seen(cut, expected_mark)
         _check_unsafe(cut, confirm_unsafe, "forking")
         fork = Workflow.objects.create(name=origin.name, args=origin.args)
@@ -188,7 +197,7 @@ def fork_from_step(
 # ---------------------------------------------------------------- the cut
 
 
-def _cut(run_id, status: str, step_id: str) -> Cut:
+def _cut(run_id, status: str, step_id: str, *, fork: bool = False) -> Cut:
     rows = list(
         Step.objects.filter(workflow_id=run_id)
         .order_by("id")
@@ -206,7 +215,13 @@ def _cut(run_id, status: str, step_id: str) -> Cut:
     discarded, alongside, uncertain, kept = [], [], [], []
     for pk, sid, name, row_status in rows:
         if pk == chosen[0]:
-            discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), "the chosen step"))
+            step = CutRow(pk, sid, name, row_status, unsafe(name), "the chosen step")
+            discarded.append(step)
+            continue
+        if fork and name == TASK_START:
+            # Copied, it would date the fork's start before the fork existed.
+            why = "a task run's start: the fork records its own"
+            discarded.append(CutRow(pk, sid, name, row_status, unsafe(name), why))
             continue
         if pk > chosen[0]:
             other = sid.split(".")
@@ -225,7 +240,7 @@ def _cut(run_id, status: str, step_id: str) -> Cut:
     return Cut(
         run_id=run_id,
         status=status,
-        step=discarded[0],
+        step=step,
         discarded=tuple(discarded),
         alongside=tuple(alongside),
         uncertain=tuple(uncertain),
@@ -307,11 +322,14 @@ COPY_ROWS = (
 def _copy_rows(origin_id, fork_id, cut: Cut) -> None:
     """Copy the kept rows into the fork, values as stored (no decoding: a
     megabyte result is not rebuilt in Python), in recording order: every row
-    before the chosen step in one statement, then those alongside it."""
+    before the chosen step in one statement (but a task run's start, which
+    the cut leaves out), then those alongside it."""
     conn = database.connection()
     ids = uuid_param(conn, fork_id), uuid_param(conn, origin_id)
+    left_out = [row.id for row in cut.discarded if row.id < cut.step.id]
+    before = "id < %s" + " AND id <> %s" * len(left_out)
     with conn.cursor() as cursor:
-        cursor.execute(COPY_ROWS.format("id < %s"), [*ids, cut.step.id])
+        cursor.execute(COPY_ROWS.format(before), [*ids, cut.step.id, *left_out])
         for batch in _batches([row.id for row in cut.alongside]):
             placeholders = ", ".join(["%s"] * len(batch))
             cursor.execute(COPY_ROWS.format(f"id IN ({placeholders})"), [*ids, *batch])

@@ -12,6 +12,7 @@ so no half-imported workflow ever runs.
 """
 
 import importlib
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -88,8 +89,12 @@ def concurrency_limits() -> dict[str, int]:
 
 
 def get_workflow(name: str) -> Spec | None:
-    """The workflow registered under ``name``, importing its module on first use."""
-    return _lookup(_workflows, name)
+    """The workflow registered under ``name``, importing its module on first use
+    (a django.tasks task bound to another backend is registered then)."""
+    spec = _lookup(_workflows, name)
+    if spec is None and _register_task(name):
+        spec = _workflows.get(name)
+    return spec
 
 
 def get_step(name: str) -> Spec | None:
@@ -109,6 +114,22 @@ def _lookup(table: dict, name: str) -> Spec | None:
         _import_owner(name)
         spec = table.get(name)
     return spec
+
+
+def _register_task(name: str) -> bool:
+    """Register ``name`` if it is a django.tasks task bound to another backend
+    (``everystep.tasks.register_task``): importing its module registered nothing
+    here. Nothing more is imported: the attribute is looked up in the module the
+    name points at, if ``_lookup`` imported it."""
+    module, _, attribute = name.rpartition(".")
+    candidate = getattr(sys.modules.get(module), attribute, None)
+    if candidate is None:
+        return False
+    try:
+        from .tasks import register_task
+    except ImportError:  # Django 5.2: no django.tasks
+        return False
+    return register_task(candidate)
 
 
 def _import_owner(name: str) -> None:

@@ -10,7 +10,10 @@ task's module path; its ``args`` is ``[args, kwargs]`` (so a run's args stay a
 list passed positionally, to the adapter below). Any worker runs it: importing
 the task's module creates the ``Task``, Django validates it with this backend,
 and :meth:`EverystepBackend.validate_task` registers the adapter under the
-task's name, as ``@workflow`` does at import.
+task's name, as ``@workflow`` does at import. A task bound to another backend
+and enqueued here through ``.using(backend=...)`` is validated by its own
+backend at import: the registry's lookup registers its adapter instead
+(:func:`register_task`).
 
 The adapter first records a step, ``task:started``, whose value is the time
 the run first started (``TaskResult.started_at``; the data model keeps no
@@ -23,6 +26,7 @@ leaves (the run replays; recorded steps, ``task:started`` among them, are
 served from the store). Enqueue writes one row or nothing.
 """
 
+import contextlib
 import inspect
 import traceback
 import uuid
@@ -30,10 +34,10 @@ import uuid
 import django
 
 try:
-    from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskError
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError
+    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued
 except ImportError as exc:  # Django 5.2 has no django.tasks
     raise ImportError(
@@ -53,7 +57,7 @@ from .statuses import RunStatus
 
 __all__ = ["EverystepBackend"]
 
-STARTED_STEP_ID = "task:started"
+STARTED_STEP_ID = "task:started"  # its row is not copied into a fork: everystep.history
 MAX_NAME_LENGTH = 300  # everystep_workflow.name
 
 # A run's status as django.tasks reports it. ``stopped`` (a Terminal, or an
@@ -125,7 +129,7 @@ class EverystepBackend(BaseTaskBackend):
                 f"{result_id} is a run of {run.name}, which is not a task this process can import"
             )
         if task.backend != self.alias:
-            task = task.using(backend=self.alias)
+            task = _bound_here(task, self.alias)
         started_at = (
             Step.objects.filter(workflow_id=run_id, step_id=STARTED_STEP_ID)
             .values_list("result", flat=True)
@@ -214,10 +218,49 @@ def task_started():
     return timezone.now()
 
 
+def register_task(candidate) -> bool:
+    """Register the adapter of ``candidate`` if it is a ``Task`` bound to another
+    backend (``@task(backend="immediate")``): a run of it was enqueued here
+    through ``.using(backend=...)``, but importing its module validated it with
+    its own backend, so :meth:`EverystepBackend.validate_task` never registered
+    it in this process. ``registry.get_workflow`` asks this for a name it does
+    not know, once the run's module is imported. False when ``candidate`` is no
+    task everystep's backend accepts, or no ``TASKS`` backend is everystep's."""
+    if not isinstance(candidate, Task):
+        return False
+    alias = _everystep_alias()
+    if alias is None:
+        return False
+    try:
+        _bound_here(candidate, alias)  # whose validate_task registers the adapter
+    except InvalidTask:
+        return False
+    return True
+
+
+def _bound_here(task: Task, alias: str) -> Task:
+    """``task`` as ``.using(backend=alias)`` enqueued it: at the one priority
+    and queue everystep accepts, whatever its own backend's were."""
+    return task.using(backend=alias, priority=DEFAULT_TASK_PRIORITY, queue_name=DEFAULT_TASK_QUEUE_NAME)
+
+
+def _everystep_alias() -> str | None:
+    """The first ``TASKS`` alias whose backend is everystep's."""
+    for alias in task_backends.settings:
+        with contextlib.suppress(InvalidTaskBackend):  # Django's own check reports it
+            if isinstance(task_backends[alias], EverystepBackend):
+                return alias
+    return None
+
+
 def _adapter_spec(task: Task) -> registry.Spec:
     def run_task(args, kwargs):
         return _run(task, args, kwargs)
 
+    # The task's module, not this one: a module that raises while being imported
+    # unregisters what it registered by this (registry._record_failure), so a
+    # task defined above the error must count as that module's.
+    run_task.__module__ = task.func.__module__
     # The run page's pending steps come from the task's own function (everystep.graph).
     run_task.__everystep__ = registry.Spec(task.module_path, task.func, "workflow")
     return registry.Spec(task.module_path, run_task, "workflow")

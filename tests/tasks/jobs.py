@@ -5,7 +5,9 @@ import datetime as dt
 import os
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.tasks import task
+from django.test import override_settings
 
 from everystep import Terminal, step
 from tests.worker.workflows import _wait_for_file, log_line, mark
@@ -81,6 +83,17 @@ def charge(log, gate):
 @task
 def pay(log, gate):
     return charge(log, gate)
+
+
+# A project that runs a task inline by default and durably on request:
+# ``inline_by_default.using(backend="default", priority=0).enqueue(...)`` (here
+# everystep's backend is "default"; the priority is one everystep refuses).
+IMMEDIATE = {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}
+with override_settings(TASKS={**settings.TASKS, "immediate": IMMEDIATE}):
+
+    @task(backend="immediate", priority=5)
+    def inline_by_default(value):
+        return double(value)
 
 
 def not_a_task():

@@ -21,7 +21,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.test import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from everystep import database, operations, registry, runner, serde  # noqa: E402
+from everystep import database, history, operations, registry, runner, serde  # noqa: E402
 from everystep.api import schedule  # noqa: E402
 from everystep.errors import EverystepError, SimulatedCrash  # noqa: E402
 from everystep.models import Step, Workflow  # noqa: E402
@@ -38,6 +38,24 @@ DAY = dt.date(2026, 12, 24)
 TOKEN = uuid.UUID("0192f1c4-7d2e-7000-8000-0000000000aa")
 BLOB = b"\x00\xff not utf-8"
 EVERYSTEP_TASKS = {"BACKEND": "everystep.tasks.EverystepBackend"}
+# A module of tasks that raises while being imported, after its first task.
+HALF_IMPORTED = """
+from django.tasks import task
+from everystep import workflow
+
+
+@workflow
+def first_workflow(n):
+    return n + 1
+
+
+@task
+def first_task(n):
+    return n + 1
+
+
+raise RuntimeError("the rest of this module is broken")
+"""
 
 
 def run_of(result) -> Workflow:
@@ -336,6 +354,45 @@ def test_a_replay_serves_recorded_steps_and_keeps_the_first_start(tmp_path):
     assert result.started_at == first_start
     starts = [line.split()[2] for line in Path(log).read_text().splitlines() if line.startswith("start")]
     assert starts == ["1", "2", "2", "3"]  # step 2's outcome was lost to the crash; step 1 was served
+
+
+def test_a_fork_records_its_own_start_and_a_rerun_keeps_the_first():
+    result = jobs.total.enqueue(1, 2)
+    execute(result)
+    first_start = result.started_at
+
+    fork, cut = history.fork_from_step(result.id, "2")
+    forked = default_task_backend.get_result(str(fork.id))
+    assert (forked.status, forked.started_at) == (TaskResultStatus.READY, None)
+    execute(forked)
+    assert (forked.status, forked.return_value) == (TaskResultStatus.SUCCESSFUL, 6)
+    assert first_start < forked.enqueued_at <= forked.started_at <= forked.finished_at
+    # The start row is left out (and said so), step 1 copied; the fork records its own start.
+    assert [row.step_id for row in cut.discarded] == ["task:started", "2"]
+    assert steps_of(forked) == [
+        ("1", "tests.tasks.jobs.double"),
+        ("task:started", "everystep.tasks.task_started"),
+        ("2", "tests.tasks.jobs.double"),
+    ]
+    assert steps_of(result)[0][1] == history.TASK_START
+
+    # In place, the run keeps the time it first started.
+    history.rerun_from_step(result.id, "2")
+    execute(result)
+    assert (result.status, result.started_at) == (TaskResultStatus.SUCCESSFUL, first_start)
+
+
+def test_a_task_above_the_line_its_module_raises_at_does_not_run(tmp_path, monkeypatch):
+    """As a @workflow there: what the module registered before it raised is
+    unregistered again, so the run fails with the module's error."""
+    module = f"half_imported_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(HALF_IMPORTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    for name, args in ((f"{module}.first_workflow", [1]), (f"{module}.first_task", [[1], {}])):
+        run = run_once(Workflow.objects.create(name=name, args=args))
+        assert (run.status, run.error["type"]) == ("failed", "builtins.RuntimeError"), (name, run.result)
+        assert registry.get_workflow(name) is None
 
 
 # ---------------------------------------------------------------- the UI

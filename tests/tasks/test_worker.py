@@ -92,3 +92,19 @@ def test_a_task_resumes_after_a_worker_is_killed_without_rerunning_recorded_step
     assert ends == {"1": 1, "2": 1, "3": 1}
     restarted.signal(signal.SIGTERM)
     assert restarted.wait(30) == 0
+
+
+def test_a_task_of_another_backend_sent_here_with_using_is_run_by_a_worker(spawn_worker):
+    """Importing the task's module in the worker validates the task with its own
+    backend ("immediate"), which registers nothing: the registry's lookup
+    registers it for the run."""
+    result = jobs.inline_by_default.using(backend="default", priority=0).enqueue(21)
+    assert result.status == TaskResultStatus.READY
+
+    worker = spawn_worker("durable", "--poll", "0.1")
+    wait_for(lambda: finished(result), timeout=60, what="the task to finish")
+
+    assert result.errors == [], result.errors[0].traceback
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42), worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()
