@@ -71,8 +71,21 @@ def insert_child(parent_id, claimer: str, step_id: str, name: str, args: list) -
         if not list(owned.values_list("id", flat=True)):
             return None
         child, inserted = insert_run_once(Workflow, name, args, child_key(parent_id, step_id))
-        # A child found by its key (a later pass) was linked in the transaction that inserted it.
-        if inserted:
+        # The call's one link (unique per parent and step) must name this
+        # child. A child found by its key (a later pass) was linked when it
+        # was inserted, but the key is unique only with the workflow's name: a
+        # parent re-run from before this call (everystep.history) whose body
+        # now starts another workflow here inserts a second child under the
+        # same key (or finds an earlier one again). A re-run runs the call
+        # anew, so the link moves to this pass's child; the child it named
+        # stays as it is, a run of its own. A plain read, as every link write
+        # of this parent holds its row's lock (a locking read of a missing row
+        # would take a MySQL gap lock that other parents' link inserts wait on).
+        linked = ChildRun.objects.filter(parent_id=parent_id, step_id=step_id)
+        linked = linked.values_list("child_id", flat=True).first()
+        if linked != child.id:
+            if linked is not None:
+                ChildRun.objects.filter(child_id=linked).delete()
             ChildRun.objects.create(child_id=child.id, parent_id=parent_id, step_id=step_id)
     return child.id, inserted
 

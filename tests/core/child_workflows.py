@@ -23,6 +23,27 @@ def starts_two_children():
     return [str(first.id), str(second.id)]
 
 
+# The child workflow starts_the_chosen_child starts: a test changes it
+# between a run and its re-run, as a fix deploy would.
+CHOSEN = {"child": "child_of"}
+
+
+@workflow
+def other_child_of(n):
+    return record(f"other-child:{n}")
+
+
+@step
+def choose_child():
+    return CHOSEN["child"]
+
+
+@workflow
+def starts_the_chosen_child(n):
+    chosen = {"child_of": child_of, "other_child_of": other_child_of}[choose_child()]
+    return str(start_child(chosen, n).id)
+
+
 @workflow
 def starts_a_grandparent_chain():
     return str(start_child(starts_one_child, 7).id)

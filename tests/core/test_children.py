@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from everystep import children, database, operations, runner
+from everystep import children, database, history, operations, runner
 from everystep.api import schedule, start_child
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import ChildRun, Step, Workflow
@@ -18,6 +18,7 @@ from tests.helpers import CLAIMER, claim, crash_before_end, run_once, run_workfl
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHILD = "tests.core.child_workflows.child_of"
+OTHER_CHILD = "tests.core.child_workflows.other_child_of"
 
 
 def children_of(parent) -> list[Workflow]:
@@ -148,6 +149,34 @@ def test_two_workers_replaying_one_parent_start_one_child():
     assert Workflow.objects.filter(name=CHILD).count() == 1
     assert finished.result == str(child.id)
     assert Step.objects.get(workflow_id=parent.id, step_id="1").result == child.id
+
+
+def test_a_rerun_that_starts_another_workflow_at_the_call_links_the_new_child(monkeypatch):
+    """Re-run from before the call after the body changed its mind: the call
+    runs anew and starts the other workflow's child (the key is the same, the
+    name is not); the call's one link moves to it, and the first child is left
+    as it was. Choosing the first workflow again finds its child again."""
+    parent = run_workflow(cw.starts_the_chosen_child, 11)
+    [first] = children_of(parent)
+    monkeypatch.setitem(cw.CHOSEN, "child", "other_child_of")
+    history.rerun_from_step(parent.id, "1")
+    parent = run_once(Workflow.objects.get(id=parent.id))
+    assert parent.status == "completed", parent.error
+    [other] = children_of(parent)
+    assert (other.name, other.args, other.status) == (OTHER_CHILD, [11], "scheduled")
+    assert parent.result == str(other.id)
+    assert ChildRun.objects.get(child_id=other.id).step_id == "2"
+    assert Step.objects.get(workflow_id=parent.id, step_id="2").result == other.id
+    # The first child is a run of its own: still there, no longer linked.
+    assert Workflow.objects.get(id=first.id).status == "scheduled"
+    assert not ChildRun.objects.filter(child_id=first.id).exists()
+
+    monkeypatch.setitem(cw.CHOSEN, "child", "child_of")
+    history.rerun_from_step(parent.id, "1")
+    parent = run_once(Workflow.objects.get(id=parent.id))
+    assert parent.result == str(first.id)
+    assert children_of(parent) == [first]
+    assert Workflow.objects.filter(id__in=[first.id, other.id]).count() == 2
 
 
 def test_start_child_outside_a_run_or_inside_a_step_is_refused():
