@@ -3,6 +3,7 @@
 from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.db.utils import load_backend
 
 from . import database, heartbeats, registry
 
@@ -11,8 +12,13 @@ SUPPORTED_VENDORS = {"postgresql", "mysql", "sqlite"}
 
 @checks.register(checks.Tags.database)
 def check_database_vendor(app_configs, databases=None, **kwargs):
+    """everystep's database is one it supports. Only that one: a project's own
+    tables may live on any backend (``migrate`` checks the database it is
+    given, ``test`` every alias)."""
     errors = []
     for alias in databases or []:
+        if alias != database.alias():
+            continue
         vendor = connections[alias].vendor
         if vendor not in SUPPORTED_VENDORS:
             errors.append(
@@ -161,7 +167,14 @@ def check_listen_database(app_configs, **kwargs):
             )
         ]
     engine = settings.DATABASES[listen].get("ENGINE", "")
-    if not engine.endswith("postgresql"):
+    # By the backend's vendor, as the worker decides: PostGIS and other
+    # backends built on Django's PostgreSQL one are PostgreSQL. Read from the
+    # backend's class, without opening a connection.
+    try:
+        vendor = load_backend(engine).DatabaseWrapper.vendor
+    except Exception:  # no such backend: Django's own checks report it
+        vendor = None
+    if vendor != "postgresql":
         return [
             checks.Error(
                 f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, a {engine or 'no'} database: LISTEN/NOTIFY "

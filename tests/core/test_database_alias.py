@@ -4,6 +4,9 @@ project's tables in ``default``. The suite runs whole in that layout with
 do not exist in ``default`` at all, so any engine or UI query sent there fails.
 The tests here check the layout itself, the transaction rule and the checks."""
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
@@ -120,3 +123,29 @@ def test_a_postgresql_listen_database_passes_the_check(monkeypatch):
     with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
         assert checks.check_listen_database(None) == []
     assert checks.check_listen_database(None) == []  # unset
+
+
+def test_a_listen_database_on_a_backend_built_on_postgresqls_passes_the_check(monkeypatch):
+    # PostGIS (django.contrib.gis.db.backends.postgis, which needs GDAL here)
+    # and django-tenants subclass Django's PostgreSQL backend: vendor
+    # "postgresql", as the worker tests before it LISTENs.
+    class DatabaseWrapper(connections["default"].__class__):
+        vendor = "postgresql"
+
+    backend = SimpleNamespace(DatabaseWrapper=DatabaseWrapper)
+    monkeypatch.setitem(sys.modules, "geo_project.backends.base", backend)
+    monkeypatch.setitem(settings.DATABASES, "direct", {"ENGINE": "geo_project.backends"})
+    with override_settings(EVERYSTEP_LISTEN_DATABASE="direct"):
+        assert checks.check_listen_database(None) == []
+
+
+def test_only_everysteps_own_database_must_be_a_supported_backend(monkeypatch):
+    # migrate checks the database it is given, test every alias: a project's
+    # own tables on Oracle, everystep's on PostgreSQL, is a valid layout.
+    vendors = {"default": SimpleNamespace(vendor="oracle"), "jobs": SimpleNamespace(vendor="postgresql")}
+    monkeypatch.setattr(checks, "connections", vendors)
+    monkeypatch.setitem(settings.DATABASES, "jobs", dict(settings.DATABASES["default"]))
+    with override_settings(EVERYSTEP_DATABASE="jobs"):
+        assert checks.check_database_vendor(None, databases=["default", "jobs"]) == []
+        vendors["jobs"].vendor = "oracle"
+        assert ids(checks.check_database_vendor(None, databases=["default", "jobs"])) == ["everystep.E001"]
