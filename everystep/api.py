@@ -31,8 +31,9 @@ def workflow(
     that are ``running`` at once across all workers: a claim takes one of its
     runs only while fewer than N are (see :ref:`concurrency-limits`). Its
     other runs wait ``scheduled``, and the workers claim other workflows'
-    runs meanwhile. Anything but a positive integer raises
-    :class:`~everystep.errors.EverystepError` here, at import.
+    runs meanwhile. Anything but a positive integer (at most 2**31 - 1, what
+    the database stores) raises :class:`~everystep.errors.EverystepError`
+    here, at import.
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
@@ -182,4 +183,9 @@ def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = 
         raise EverystepError(f"idempotency_key must be a non-empty string, got {idempotency_key!r}")
     if idempotency_key is not None and len(idempotency_key) > 255:
         raise EverystepError("idempotency_key is longer than 255 characters")
+    if idempotency_key is not None:
+        # NUL or a lone surrogate: PostgreSQL refuses it (a raw DataError),
+        # encoding it fails everywhere, and SQLite/MariaDB would store a key
+        # PostgreSQL cannot hold. A malformed key, refused before any write.
+        serde.check_text("the idempotency key", idempotency_key)
     return insert_run(Workflow, spec.name, list(args), idempotency_key)

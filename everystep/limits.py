@@ -43,6 +43,11 @@ from django.utils import timezone
 from . import database
 from .errors import EverystepError
 
+# The largest limit every backend's max_concurrent column holds: a
+# PositiveIntegerField is a signed 32-bit integer on PostgreSQL (MariaDB/MySQL:
+# unsigned, SQLite: 64 bits).
+MAX_LIMIT = 2**31 - 1
+
 
 def checked(workflow: str, value) -> int | None:
     """``value`` as a ``max_concurrent`` (None: no limit), or an
@@ -53,6 +58,14 @@ def checked(workflow: str, value) -> int | None:
         raise EverystepError(
             f"workflow {workflow}: max_concurrent={value!r}: the limit must be a positive "
             "integer (the most runs of this workflow running at once), or None for no limit"
+        )
+    if value > MAX_LIMIT:
+        # Every claim writes the limit into everystep_concurrency_limit: a value
+        # the column cannot hold would fail every claim of every worker (other
+        # workflows' runs included), so it is refused here, at import.
+        raise EverystepError(
+            f"workflow {workflow}: max_concurrent={value!r}: the limit must be at most "
+            f"{MAX_LIMIT} (what the database stores); use None for no limit"
         )
     return value
 

@@ -4,6 +4,7 @@ transaction on everystep's database (``everystep.database``)."""
 from django.db import IntegrityError
 
 from . import database
+from .errors import EverystepError
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 
@@ -37,7 +38,17 @@ def _winner(model, name: str, idempotency_key: str):
     locking read sees the committed row, and unlike FOR UPDATE it does not
     deadlock with the other losers, who hold shared locks on the same key."""
     if database.connection().vendor != "mysql":
-        return model.objects.get(name=name, idempotency_key=idempotency_key)
+        try:
+            return model.objects.get(name=name, idempotency_key=idempotency_key)
+        except model.DoesNotExist:
+            # PostgreSQL under REPEATABLE READ/SERIALIZABLE: the winner committed
+            # after the caller's snapshot, which no read of this transaction can
+            # see past (it has no locking read that returns a newer row).
+            raise EverystepError(
+                f"schedule: the run of {name} with idempotency key {idempotency_key!r} was "
+                "committed after this transaction's snapshot was taken (REPEATABLE READ or "
+                "SERIALIZABLE), so this transaction cannot read it: retry the transaction"
+            ) from None
     table = model._meta.db_table
     query = f"SELECT * FROM {table} WHERE name = %s AND idempotency_key = %s LOCK IN SHARE MODE"
     return model.objects.raw(query, [name, idempotency_key])[0]

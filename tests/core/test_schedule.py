@@ -59,6 +59,32 @@ def test_idempotency_key_returns_the_existing_run():
     assert Workflow.objects.count() == 2
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "first_key, second_key",
+    [("Order-A", "order-a"), ("k", "k "), ("strasse", "straße"), ("e", "é")],
+    ids=["case", "trailing-space", "sharp-s", "accent"],
+)
+def test_idempotency_keys_are_compared_exactly(first_key, second_key):
+    """Only the same key is the same request: on MariaDB/MySQL the column's
+    default collation folded case, accents and trailing spaces (migration 0016)."""
+    first = schedule(w.sequential, 1, idempotency_key=first_key)
+    second = schedule(w.sequential, 2, idempotency_key=second_key)
+    assert second.id != first.id, f"key {second_key!r} returned the run of key {first_key!r}"
+    assert second.args == [2]
+    assert schedule(w.sequential, 3, idempotency_key=second_key).id == second.id
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["a\x00b", "a\ud800b"], ids=["nul", "surrogate"])
+def test_schedule_refuses_an_unstorable_key_and_writes_nothing(key):
+    """NUL or a lone surrogate: a malformed key on every backend, not a raw
+    DataError (PostgreSQL) or UnicodeEncodeError, nor a key only some store."""
+    with pytest.raises(EverystepError, match="the idempotency key .* is refused"):
+        schedule(w.sequential, 1, idempotency_key=key)
+    assert not Workflow.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactions():
     callers = 6
@@ -164,6 +190,40 @@ def test_losing_the_idempotency_race_returns_the_winner_and_keeps_the_transactio
     assert ids["loser"] == ids["winner"]
     row = Workflow.objects.get(idempotency_key="race")
     assert row.args == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repeatable_read_caller_that_cannot_see_its_keys_run_is_told_to_retry():
+    """PostgreSQL at REPEATABLE READ: the key's run committed after the caller's
+    snapshot, so the lookup misses it, the insert conflicts, and the winner is
+    invisible to every read of the transaction: a clear error, not a raw
+    DoesNotExist; retried, the transaction gets the run."""
+    conn = database.connection()
+    if conn.vendor != "postgresql":
+        pytest.skip("PostgreSQL's REPEATABLE READ snapshot (MySQL's locking read sees the winner)")
+
+    def repeatable_read():
+        with conn.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        Workflow.objects.exists()  # the caller's view read something: its snapshot is taken
+
+    def other_caller():
+        try:
+            schedule(w.sequential, 1, idempotency_key="k")
+        finally:
+            database.connection().close()
+
+    retry = "after this transaction's snapshot.*retry the transaction"
+    with pytest.raises(EverystepError, match=retry), transaction.atomic(using=database.alias()):
+        repeatable_read()
+        thread = threading.Thread(target=other_caller)
+        thread.start()
+        thread.join(30)
+        schedule(w.sequential, 2, idempotency_key="k")
+    with transaction.atomic(using=database.alias()):
+        repeatable_read()
+        run = schedule(w.sequential, 2, idempotency_key="k")
+    assert run.args == [1]
 
 
 def test_importing_everystep_imports_no_models_and_needs_no_settings():

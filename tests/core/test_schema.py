@@ -31,6 +31,25 @@ def test_workflow_table_columns():
     assert nullable == {"idempotency_key", "claimed_by", "result", "error", "completed_at"}
 
 
+def test_idempotency_keys_have_a_binary_collation_on_mysql():
+    """Migration 0016: keys compare exactly (no case, accent or space folding) in
+    the unique (name, idempotency_key) index; the column's type is unchanged and
+    name keeps the database's collation (the UI searches it case-insensitively)."""
+    if database.connection().vendor != "mysql":
+        pytest.skip("a MySQL/MariaDB collation")
+    with database.connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'everystep_workflow' "
+            "AND COLUMN_NAME IN ('name', 'idempotency_key')"
+        )
+        cols = {name: rest for name, *rest in cursor.fetchall()}
+    column_type, nullable, collation = cols["idempotency_key"]
+    assert (column_type, nullable) == ("varchar(255)", "YES")
+    assert collation.endswith("_bin"), collation
+    assert not cols["name"][2].endswith("_bin")
+
+
 def test_step_table_columns():
     cols = columns("everystep_step")
     assert set(cols) == {"id", "workflow_id", "step_id", "name", "args", "kwargs", "status",

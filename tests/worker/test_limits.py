@@ -143,6 +143,27 @@ def test_a_limit_that_is_not_a_positive_integer_is_refused_at_import(scratch_mod
     )
 
 
+@pytest.mark.parametrize("value", [2**31, 10**20])
+def test_a_limit_the_database_cannot_store_is_refused_at_import(scratch_modules, value):
+    """Every claim writes the limit to its lock row: a limit no backend's column
+    holds (PostgreSQL's integer is the narrowest) would fail every claim of
+    every worker, other workflows' included."""
+    with pytest.raises(EverystepError) as refused:
+        declare(scratch_modules, limit=value)
+    assert str(refused.value) == (
+        f"workflow {scratch_modules.prefix}.flows.capped: max_concurrent={value!r}: the limit must be "
+        f"at most {2**31 - 1} (what the database stores); use None for no limit"
+    )
+
+
+def test_the_largest_limit_is_stored_and_claims(scratch_modules):
+    name = declare(scratch_modules, limit=2**31 - 1)
+    ids = add_runs(name, 2)
+    other = add_runs("tests.worker.workflows.chain", 1)
+    assert sorted(run.id for run in claims.claim_runs("w1", 10)) == sorted([*ids, *other])
+    assert ConcurrencyLimit.objects.get(name=name).max_concurrent == 2**31 - 1
+
+
 def test_a_bad_limit_in_a_workflows_module_is_the_import_check_error(settings, scratch_modules):
     app = scratch_modules.app(FLOWS.format(limit=0))
     with override_settings(INSTALLED_APPS=[*settings.INSTALLED_APPS, app]):
