@@ -103,12 +103,17 @@ def stored_error(stored: Preview) -> DecodedError | None:
     if stored.whole is not None:
         with suppress(ValueError, RecursionError):
             payload = json.loads(stored.whole)
-    if payload is _UNDECODED:
-        decoded = DecodedError(type="", message="", args_json="", raw_json=stored.text)
-    else:
-        decoded = decode_error(payload)
+    decoded = _UNDECODED
+    if payload is not _UNDECODED:
+        # Written out again one level deeper than it was read: a payload just
+        # shallow enough to read may be too deep to write.
+        with suppress(RecursionError):
+            decoded = decode_error(payload)
         if decoded is None:
             return None
+    if decoded is _UNDECODED:
+        decoded = DecodedError(type="", message="", args_json="", raw_json=stored.text)
+    else:
         stored = replace(stored, complete=True)  # shown whole, decoded
     decoded.stored = stored
     return decoded

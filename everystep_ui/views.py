@@ -320,7 +320,10 @@ def run_context(request, model_admin, run: Workflow) -> dict:
         "title": f"Run {run.pk}",
         "opts": Workflow._meta,
         "run": run,
-        "live": run.status in (Workflow.Status.SCHEDULED, Workflow.Status.RUNNING),
+        # Polled until the run has ended: a waiting run runs on when its wait
+        # ends, so its page keeps polling too, less often (waits last long).
+        "live": run.status not in Workflow.Status.terminal_values(),
+        "poll_seconds": 15 if run.status == Workflow.Status.WAITING else 2,
         "end_label": END_LABELS.get(run.status, "Completed"),
         "duration": display.format_duration(run.completed_at - run.created_at if run.completed_at else None),
         "args": payloads["args"],
@@ -371,9 +374,17 @@ def claimer_heartbeat(run: Workflow) -> ClaimerHeartbeat | None:
         name=run.claimed_by,
         age=display.format_duration(max(age, dt.timedelta(0))),
         stale=stale,
-        executing=[] if stale else list((executing or {}).get(str(run.pk), [])),
+        executing=[] if stale else _executing(executing, run),
         interval=f"{heartbeats.interval():g} s",
     )
+
+
+def _executing(executing, run: Workflow) -> list[str]:
+    """The step ids a heartbeat reports running for ``run``: a worker writes
+    ``{run id: [step ids]}``; a row of any other shape (another writer, a hand
+    edit) reports none rather than break the page."""
+    steps = executing.get(str(run.pk)) if isinstance(executing, dict) else None
+    return [step for step in steps if isinstance(step, str)] if isinstance(steps, list) else []
 
 
 def page_context(request, model_admin, run: Workflow) -> dict:

@@ -1,11 +1,13 @@
 """The run page: facts, outcome, the step tree, live polling, intended steps."""
 
 import datetime as dt
+import json
 import re
 import sys
 import types
 
 import pytest
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -310,6 +312,22 @@ def test_polling_stops_once_the_run_is_terminal(admin_client, make_run, status):
     assert 'hx-trigger="every 2s"' not in poll.text
 
 
+def test_a_waiting_run_keeps_polling_less_often_and_goes_on_when_it_runs_again(admin_client, make_run):
+    # A wait ends (a sleep's time, an event) and the run runs on: an open page
+    # that stopped polling when the run began to wait would show it waiting.
+    run = make_run(status="running", claimed_by="worker-1")
+    run.status, run.claimed_by = "waiting", None
+    run.save(update_fields=["status", "claimed_by"])
+    assert 'hx-trigger="every 15s"' in admin_client.get(run_page(run)).text
+    poll = admin_client.get(run_page(run), **HTMX)
+    assert poll.status_code == 200 and 'hx-trigger="every 15s"' in poll.text
+
+    run.status, run.claimed_by = "running", "worker-2"
+    run.save(update_fields=["status", "claimed_by"])
+    poll = admin_client.get(run_page(run), **HTMX)
+    assert poll.status_code == 200 and 'hx-trigger="every 2s"' in poll.text
+
+
 # Intended structure
 
 
@@ -509,3 +527,36 @@ def test_reported_step_ids_are_escaped(admin_client, make_run):
     heartbeat("worker-a", executing={str(run.pk): [SCRIPT]})
     html = admin_client.get(run_page(run)).text
     assert SCRIPT not in html and "&lt;script&gt;" in html
+
+
+@pytest.mark.parametrize("executing", [["RUN"], {"RUN": 1}, {"RUN": ["1", 2]}, "text"])
+def test_a_heartbeat_of_another_shape_breaks_no_page(admin_client, make_run, executing):
+    # This version's worker writes {run id: [step ids]}; a row written by
+    # anything else must not take the page of every run of that worker down.
+    run = make_run(status="running", claimed_by="worker-a", steps=[{"step_id": "1"}])
+    heartbeat("worker-a", executing=json.loads(json.dumps(executing).replace("RUN", str(run.pk))))
+    page, poll = admin_client.get(run_page(run)), admin_client.get(run_page(run), **HTMX)
+    assert (page.status_code, poll.status_code) == (200, 200)
+    assert "es-claimer-heartbeat" in poll.text
+
+
+def test_an_error_nested_as_deep_as_json_can_read_still_opens_the_page(admin_client, make_run):
+    # display.stored_error reads the payload, then writes its args out again one
+    # level deeper: somewhere below the recursion limit a depth can be read and
+    # not written. Every depth around it opens, shown raw when not decodable.
+    failing = []
+    for depth in range(sys.getrecursionlimit() - 200, sys.getrecursionlimit() + 1):
+        run = make_run(status=Workflow.Status.FAILED)
+        nested = "[" * depth + "]" * depth
+        store_raw_error(run, '{"type": "builtins.ValueError", "message": "deep", "args": ' + nested + "}")
+        status = admin_client.get(run_page(run)).status_code
+        if status != 200:
+            failing.append((depth, status))
+    assert failing == []
+
+
+def store_raw_error(run, text):
+    """Store ``text`` as the run's error as it is: the ORM's field would go through serde."""
+    value = run.pk.hex if connection.vendor in ("sqlite", "mysql") else str(run.pk)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE everystep_workflow SET error = %s WHERE id = %s", [text, value])
