@@ -130,7 +130,11 @@ def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> 
     if isinstance(outcome, Suspended):
         from . import waits
 
-        status = database.reconnecting(waits.suspend_run, run.id, state.claimer, outcome.waiting)
+        # Every wait the run stops at, not only the first one (outcome.waiting):
+        # in a parallel fork each branch's wait needs its own row, or its wake
+        # time (a timeout) and its event key would not wake the run.
+        waiting = database.reconnecting(waits.stopped_at, state)
+        status = database.reconnecting(waits.suspend_run, run.id, state.claimer, *waiting)
         if status is not None:
             observability.suspended(run.name, outcome.waiting.kind, state.claimer)
         return status

@@ -17,7 +17,9 @@ as a child run, plugs in the same way):
    ``everystep.errors.Suspended``.
 2. The runner then calls :func:`suspend_run`: one transaction that moves the
    run ``running`` (under this claimer) -> ``waiting``, clears ``claimed_by``
-   and writes the run's ``everystep_wait`` row. The worker slot is free once
+   and writes the run's ``everystep_wait`` rows: one per wait it stops at
+   (several in a ``parallel`` fork, see :func:`stopped_at`), so that each
+   one's wake time and key wake the run. The worker slot is free once
    the runner returns. If the run moved on meanwhile (stopped, requeued) it
    writes nothing. If the wait became ready meanwhile (``Waiting.ready``: an
    event sent between the check and the suspension), the same transaction puts
@@ -42,11 +44,14 @@ names the kinds stored.
 
 import datetime as dt
 import logging
+import math
+import reprlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Min
 from django.utils import timezone
@@ -96,10 +101,10 @@ def sleep(duration, everystep_id: str | None = None) -> None:
     Takes ``everystep_id=`` like a step. Outside a run, a plain ``time.sleep``.
     """
     seconds = _seconds(duration)
+    wake_at = _after(seconds, duration)  # also outside a run: a too large duration is refused alike
     if current() is None or current().running_step is not None:
         time.sleep(seconds)
         return None
-    wake_at = timezone.now() + dt.timedelta(seconds=seconds)
     return _sleep_step(wake_at, [seconds], everystep_id)
 
 
@@ -108,10 +113,24 @@ def sleep_until(when: dt.datetime, everystep_id: str | None = None) -> None:
     A time in the past returns at once (still recorded, as one step)."""
     if not isinstance(when, dt.datetime) or timezone.is_naive(when):
         raise EverystepError(f"sleep_until() needs an aware datetime, got {when!r}")
+    wake_at = _on_the_clock(when)
     if current() is None or current().running_step is not None:
-        time.sleep(max(0.0, (when - timezone.now()).total_seconds()))
+        time.sleep(max(0.0, (wake_at - timezone.now()).total_seconds()))
         return None
-    return _sleep_step(when, [when], everystep_id)
+    return _sleep_step(wake_at, [when], everystep_id)
+
+
+def _on_the_clock(when: dt.datetime) -> dt.datetime:
+    """``when`` as the clock that judges wake times gives it (``timezone.now()``):
+    aware (in UTC) under ``USE_TZ``, else naive in ``TIME_ZONE``, as ``sleep()``'s
+    wake times and the wait rows are there (with ``USE_TZ = False`` Django
+    stores naive datetimes, and comparing an aware one with them raises)."""
+    try:
+        if settings.USE_TZ:
+            return when.astimezone(dt.UTC)
+        return timezone.make_naive(when, timezone.get_default_timezone())
+    except OverflowError:  # e.g. 9999-12-31 23:00-05:00: past datetime.max once in UTC
+        raise EverystepError(f"sleep_until(): {when!r} is out of the range of a wake time") from None
 
 
 def _sleep_step(wake_at: dt.datetime, args: list, everystep_id: str | None) -> None:
@@ -138,7 +157,7 @@ def wait_for_event(key: str, timeout=None, everystep_id: str | None = None) -> A
         raise EverystepError(
             f"wait_for_event({key!r}) works only in a workflow's body, not outside a run or in a step"
         )
-    wake_at = None if timeout is None else timezone.now() + dt.timedelta(seconds=_seconds(timeout))
+    wake_at = None if timeout is None else _after(_seconds(timeout), timeout)
     run_id = ctx.workflow_id
 
     def resolve(state, step_id, params):
@@ -153,10 +172,7 @@ def wait_for_event(key: str, timeout=None, everystep_id: str | None = None) -> A
         return None
 
     def ready():
-        from .models import Event
-
-        # A locking read: on MySQL a plain read could come from an older snapshot.
-        return Event.objects.select_for_update().filter(run_id=run_id, key=key).exists()
+        return _event_sent(run_id, key)
 
     return wait_step(
         WAIT_FOR_EVENT, everystep_id, args=[key], kind="event", key=key, wake_at=wake_at,
@@ -184,9 +200,15 @@ def wait_step(
     """
     ctx = current()
     state = ctx.state
-    state.check()
     step_id = ctx.next_id(everystep_id)
     recorded = state.store.get(step_id)
+    # A wait reached on an earlier pass (``started``) is looked at again even
+    # once a sibling branch's wait halted the run: it starts nothing, and
+    # otherwise whichever branch thread ran first would decide whether its
+    # timeout or event is seen (its outcome recorded, or its wait row written).
+    reached_before = recorded is not None and recorded.status == StepStatus.STARTED
+    if not (reached_before and isinstance(state.halt, Suspended)):
+        state.check()
     if recorded is not None:
         if recorded.name != name:
             _diverged(state, step_id, recorded.name, name)
@@ -286,10 +308,12 @@ def _complete(state, step_id: str, name: str, status: str, value) -> Any:
 # ---------------------------------------------------------------- transitions
 
 
-def suspend_run(run_id, claimer: str, waiting: Waiting) -> str | None:
-    """``running`` under ``claimer`` -> ``waiting`` (no claimer), with the run's
-    wait row; ``scheduled`` instead when ``waiting.ready()`` already. Returns
-    the status written, ``None`` when the run moved on (nothing written)."""
+def suspend_run(run_id, claimer: str, *waiting: Waiting) -> str | None:
+    """``running`` under ``claimer`` -> ``waiting`` (no claimer), with one wait
+    row per ``Waiting`` (several when parallel branches wait: the earliest wake
+    time, or an event for any of their keys, wakes the run); ``scheduled``
+    instead when one is ``ready()`` already. Returns the status written,
+    ``None`` when the run moved on (nothing written)."""
     from .models import Wait, Workflow
 
     with database.atomic():
@@ -299,19 +323,68 @@ def suspend_run(run_id, claimer: str, waiting: Waiting) -> str | None:
         if not moved:
             return None
         # A running run has no wait row (every wake deletes them); should one be
-        # left, this wait replaces it. Not a blind DELETE: on InnoDB a delete of
+        # left, these waits replace it. Not a blind DELETE: on InnoDB a delete of
         # nothing takes a gap lock that deadlocks two suspensions' inserts.
         stale = Wait.objects.filter(run_id=run_id)
         if stale.exists():
             stale.delete()
-        Wait.objects.create(
-            run_id=run_id, step_id=waiting.step_id, kind=waiting.kind, key=waiting.key,
-            wake_at=waiting.wake_at,
+        Wait.objects.bulk_create(
+            Wait(run_id=run_id, step_id=each.step_id, kind=each.kind, key=each.key, wake_at=each.wake_at)
+            for each in waiting
         )
-        if waiting.ready():
+        if any(each.ready() for each in waiting):
             wake(run_id)
             return Status.SCHEDULED
     return Status.WAITING
+
+
+def stopped_at(state) -> list[Waiting]:
+    """Every wait a suspending run stops at: those its scopes stopped at this
+    pass (``state.suspended``), and any wait reached on an earlier pass (still
+    ``started``) that a ``parallel`` branch did not get back to this pass,
+    because a sibling's wait halted it at an earlier step boundary. Without a
+    row, that wait's timeout and event would no longer wake the run."""
+    waiting = {each.step_id: each for each in state.suspended}
+    earlier = [
+        step_id
+        for step_id, outcome in state.store.items()
+        if outcome.status == StepStatus.STARTED and is_wait_step(outcome.name) and step_id not in waiting
+    ]
+    if earlier:
+        from .models import Step
+
+        rows = Step.objects.filter(workflow_id=state.workflow_id, step_id__in=earlier)
+        for step_id, params in rows.values_list("step_id", "kwargs"):
+            waiting[step_id] = _recorded_waiting(state.workflow_id, step_id, params)
+    return list(waiting.values())
+
+
+def _recorded_waiting(run_id, step_id: str, params: dict) -> Waiting:
+    """A wait not reached this pass, from its recorded parameters. ``ready``:
+    its event or its child's end came while the run was running (and so could
+    not wake it). Its wake time is left to :func:`wake_due` (a worker's next
+    look, within a poll interval), not ``ready``: should the branch be halted
+    short again on the replay, the run is not put straight back in a loop."""
+    from . import children
+    from .models import Wait
+
+    kind, key = params["kind"], params["key"]
+
+    def ready():
+        if kind == Wait.Kind.EVENT:
+            return _event_sent(run_id, key)
+        if kind == Wait.Kind.CHILD:
+            return children.child_outcome(key, lock=True) is not None
+        return False
+
+    return Waiting(step_id, kind, key, params["wake_at"], ready)
+
+
+def _event_sent(run_id, key: str) -> bool:
+    from .models import Event
+
+    # A locking read: on MySQL a plain read could come from an older snapshot.
+    return Event.objects.select_for_update().filter(run_id=run_id, key=key).exists()
 
 
 def wake(run_id, **wait_filter) -> bool:
@@ -459,15 +532,33 @@ def _check_key(key) -> None:
         raise EverystepError(
             f"event key {key[:40]!r}... is {len(key)} characters; the limit is {MAX_KEY_LENGTH}"
         )
+    serde.check_text("event key", key)
 
 
 def _seconds(duration) -> float:
     if isinstance(duration, dt.timedelta):
         seconds = duration.total_seconds()
     elif isinstance(duration, int | float) and not isinstance(duration, bool):
-        seconds = float(duration)
+        try:
+            seconds = float(duration)
+        except OverflowError:  # an int beyond a float (its repr shortened: it may be 400 digits)
+            raise EverystepError(f"a duration of {reprlib.repr(duration)} seconds is too large") from None
     else:
         raise EverystepError(f"a duration is seconds (int or float) or a timedelta, got {duration!r}")
-    if seconds < 0 or seconds != seconds:
+    if not math.isfinite(seconds):  # NaN or infinite: no wake time (no timeout is timeout=None)
+        raise EverystepError(f"a duration must be a finite number of seconds, got {duration!r}")
+    if seconds < 0:
         raise EverystepError(f"a duration must not be negative, got {duration!r}")
     return seconds
+
+
+def _after(seconds: float, duration) -> dt.datetime:
+    """The wake time ``seconds`` from now; a duration too large for a
+    ``timedelta`` or a wake time after the year 9999 (``timedelta.max``) is
+    refused here, not left to fail the run with a bare OverflowError."""
+    try:
+        return timezone.now() + dt.timedelta(seconds=seconds)
+    except OverflowError:
+        raise EverystepError(
+            f"a duration of {duration!r} is too large: its wake time would be after the year 9999"
+        ) from None

@@ -2,8 +2,10 @@
 outcome exactly once, an early event is kept, a timeout raises at the wait,
 and a send is part of the caller's transaction."""
 
+import contextlib
 import datetime as dt
 import threading
+import time
 from unittest import mock
 
 import pytest
@@ -12,6 +14,7 @@ from django.utils import timezone
 
 from everystep import database, runner, waits
 from everystep.api import schedule
+from everystep.context import current
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Event, Step, Wait, Workflow
 from tests.helpers import CLAIMER, run_once
@@ -236,6 +239,8 @@ def test_bad_sends_are_refused_naming_the_problem():
         waits.send_event(run.id, "", 1)
     with pytest.raises(EverystepError, match="characters; the limit is 255"):
         waits.send_event(run.id, "k" * 256, 1)
+    with pytest.raises(EverystepError, match="NUL character"):  # not a DataError on PostgreSQL
+        waits.send_event(run.id, "k\x00", 1)
     with pytest.raises(EverystepError, match="not serializable"):
         waits.send_event(run.id, "approved", object())
     with pytest.raises(EverystepError, match="does not exist"):
@@ -264,3 +269,140 @@ def test_a_database_outage_at_a_wait_requeues_the_run_instead_of_failing_it():
     run = resume(run)
     assert (run.status, run.result) == ("completed", "yes")
     assert w.effects == {"before": 1, "got:yes": 1}
+
+
+# ---------------------------------------------------------------- waits in parallel branches
+
+
+def both_branches_waiting(timeout=60, ask=False):
+    """``approval_or_cancel``: both branches reach their wait before either
+    halts the run, the "cancel" one (no wake time) first. The fault hook runs
+    right after each wait's ``started`` row is written."""
+    approval = "1.1.2" if ask else "1.1.1"
+    barrier = threading.Barrier(2, timeout=10)
+
+    def both_record_then_cancel_halts_first(ctx, step_id):
+        if step_id in ("1.0.1", approval):
+            barrier.wait()
+            if step_id == approval:
+                time.sleep(0.3)
+
+    with mock.patch.object(runner, "fault", both_record_then_cancel_halts_first):
+        run = run_once(schedule(w.approval_or_cancel, timeout, ask))
+    assert run.status == "waiting"
+    return run
+
+
+def deadline_of(run, step_id="1.1.1"):
+    return Step.objects.get(workflow=run, step_id=step_id).kwargs["wake_at"]
+
+
+def wait_rows(run):
+    return set(Wait.objects.filter(run_id=run.id).values_list("step_id", "key", "wake_at"))
+
+
+@contextlib.contextmanager
+def branch_waits_after(first, then, step=None):
+    """The wait (or with ``step``, that step) of the branch with prefix ``then``
+    is reached only once the branch ``first`` has reached its wait (``first``
+    "halt": once the run is halted)."""
+    reached = threading.Event()
+    real_wait_step, real_note = waits.wait_step, w.note
+
+    def hold(ctx):
+        if first == "halt":
+            wait_for(lambda: ctx.state.halt is not None, timeout=10, interval=0.01, what="the halt")
+        else:
+            assert reached.wait(10)
+
+    def wait_step(*args, **kwargs):
+        ctx = current()
+        if ctx.prefix == first:
+            reached.set()
+        if ctx.prefix == then and step is None:
+            hold(ctx)
+        return real_wait_step(*args, **kwargs)
+
+    def note(label):
+        if label == step and current().prefix == then:
+            hold(current())
+        return real_note(label)
+
+    with mock.patch.object(waits, "wait_step", wait_step), mock.patch.object(w, "note", note):
+        yield
+
+
+def test_each_waiting_branch_has_its_wait_row_and_a_branchs_timeout_wakes_the_run():
+    """Not only the first branch's wait: the approval's timeout (recorded in its
+    step) is a wait row too, so the run wakes when it passes, not when "cancel" comes."""
+    run = both_branches_waiting(60)
+    deadline = deadline_of(run)
+    assert wait_rows(run) == {("1.0.1", "cancel", None), ("1.1.1", "approval", deadline)}
+    assert waits.wake_due(deadline - dt.timedelta(seconds=1)) == (0, deadline)
+    assert waits.wake_due(deadline + dt.timedelta(seconds=1)) == (1, None)
+    with mock.patch.object(timezone, "now", return_value=deadline + dt.timedelta(seconds=2)):
+        run = resume(run)
+    assert run.status == "waiting"  # the approval timed out; "cancel" is still awaited
+    assert wait_rows(run) == {("1.0.1", "cancel", None)}
+    assert Step.objects.get(workflow=run, step_id="1.1.1").error["type"] == "everystep.errors.WaitTimeout"
+    waits.send_event(run.id, "cancel", "c")
+    run = resume(run)
+    assert (run.status, list(run.result)) == ("completed", ["c", "timed out"])
+
+
+@pytest.mark.parametrize("key", ["cancel", "approval"])
+def test_an_event_for_either_waiting_branch_wakes_the_run(key):
+    run = both_branches_waiting(60)
+    deadline = deadline_of(run)
+    assert waits.send_event(run.id, key, "v") is True
+    assert Workflow.objects.get(id=run.id).status == "scheduled"
+    run = resume(run)
+    assert run.status == "waiting"  # for the other branch's wait, its wake time kept
+    other = {"cancel": ("1.1.1", "approval", deadline), "approval": ("1.0.1", "cancel", None)}[key]
+    assert wait_rows(run) == {other}
+
+
+def test_a_sibling_halting_first_does_not_stop_a_branch_at_its_recorded_wait():
+    """On the replay the "cancel" branch halts the run before the approval
+    branch gets to its wait: that wait, reached on the first pass, is still
+    looked at, and the approval sent meanwhile is its outcome on this pass."""
+    run = both_branches_waiting(60)
+    waits.send_event(run.id, "approval", "yes")
+    with branch_waits_after("halt", then="1.1."):
+        run = resume(run)
+    assert run.status == "waiting"
+    assert wait_rows(run) == {("1.0.1", "cancel", None)}
+    assert Step.objects.get(workflow=run, step_id="1.1.1").status == "done"
+
+
+@pytest.mark.parametrize("woken_by", ["its timeout", "its event"])
+def test_a_branch_halted_at_a_step_before_its_recorded_wait_keeps_its_wait_row(woken_by):
+    """A sibling's wait halts the approval branch at its step ``asked`` (served),
+    short of its ``started`` wait: that wait keeps its row (its recorded wake
+    time, its key), and an event that came while the run ran schedules it again
+    at once."""
+    run = both_branches_waiting(60, ask=True)
+    deadline = deadline_of(run, "1.1.2")
+    clock = deadline + dt.timedelta(seconds=2)
+    if woken_by == "its timeout":
+        waits.wake_due(clock)
+    else:
+        waits.send_event(run.id, "approval", "yes")
+    with (
+        branch_waits_after("halt", then="1.1.", step="asked"),
+        mock.patch.object(timezone, "now", return_value=clock),
+    ):
+        again = resume(run)
+    assert Step.objects.get(workflow=run, step_id="1.1.2").status == "started"  # not reached
+    if woken_by == "its timeout":
+        assert again.status == "waiting"
+        assert wait_rows(run) == {("1.0.1", "cancel", None), ("1.1.2", "approval", deadline)}
+        assert waits.wake_due(clock)[0] == 1
+    else:
+        assert again.status == "scheduled"
+    with branch_waits_after("1.1.", then="1.0."), mock.patch.object(timezone, "now", return_value=clock):
+        run = resume(run)
+    assert (run.status, wait_rows(run)) == ("waiting", {("1.0.1", "cancel", None)})
+    approval = Step.objects.get(workflow=run, step_id="1.1.2")
+    assert approval.status == ("failed" if woken_by == "its timeout" else "done")
+    assert w.effects["asked"] == 1

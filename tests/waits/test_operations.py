@@ -108,6 +108,13 @@ def test_the_event_command_prints_the_refusal_of_a_missing_run():
         call_command("everystep_send_event", str(missing), "k")
 
 
+def test_the_event_command_refuses_a_nul_in_the_key():
+    waiter = run_once(schedule(w.awaits, "k", None))
+    with pytest.raises(CommandError, match="event key .* NUL character"):  # not a DataError on PostgreSQL
+        call_command("everystep_send_event", str(waiter.id), "k\x00")
+    assert Workflow.objects.get(id=waiter.id).status == "waiting"
+
+
 def test_a_rerun_keeps_a_stopped_runs_wait_as_a_wait_not_as_an_uncertain_step():
     from everystep import history
 

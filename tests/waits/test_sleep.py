@@ -5,6 +5,7 @@ import datetime as dt
 from unittest import mock
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from everystep import claims, operations, runner, waits
@@ -128,6 +129,27 @@ def test_sleep_until_a_past_time_returns_at_once():
     assert run.steps.get(step_id="1").status == "done"
 
 
+@override_settings(USE_TZ=False, TIME_ZONE="Asia/Kolkata")
+def test_sleep_and_sleep_until_work_with_use_tz_false():
+    """Wake times are then naive, in TIME_ZONE (as timezone.now() and Django's
+    storage are): sleep_until's aware time is converted to it, not compared
+    with a naive clock (a TypeError that failed the run)."""
+    past = run_once(schedule(w.naps_until, "2020-01-01T00:00:00+00:00"))
+    assert (past.status, past.result) == ("completed", "after")
+    when = dt.datetime.now(dt.UTC) + LATER
+    until = run_once(schedule(w.naps_until, when.isoformat()))
+    slept = sleeping_run(3600)
+    assert until.status == "waiting"
+    wake_at = Wait.objects.get(run=until).wake_at
+    assert wake_at == when.astimezone(timezone.get_default_timezone()).replace(tzinfo=None)
+    assert timezone.is_naive(Wait.objects.get(run=slept).wake_at)
+    assert waits.wake_due(wake_at - dt.timedelta(seconds=1))[0] == 0
+    assert waits.wake_due(wake_at + dt.timedelta(seconds=1))[0] == 2
+    with mock.patch.object(timezone, "now", return_value=wake_at + dt.timedelta(seconds=2)):
+        results = [run_once(Workflow.objects.get(id=run.id)).result for run in (until, slept)]
+    assert results == ["after", "after"]
+
+
 def test_code_that_no_longer_sleeps_where_the_run_slept_is_a_divergence():
     run = sleeping_run(3600)
     swapped = "tests.waits.workflows.swaps_sleep_for_step"
@@ -157,10 +179,23 @@ def test_prune_deletes_the_wait_and_event_rows_of_the_runs_it_deletes():
     assert not Wait.objects.exists() and not Event.objects.exists()
 
 
-@pytest.mark.parametrize("duration", [-1, "5", None, float("nan"), True])
+@pytest.mark.parametrize(
+    "duration", [-1, "5", None, float("nan"), True, float("inf"), 10**400, 1e20, dt.timedelta.max]
+)
 def test_a_bad_duration_is_refused_with_its_value(duration):
     with pytest.raises(EverystepError, match="duration"):
         waits.sleep(duration)
+
+
+@pytest.mark.parametrize("how", ["inf", "timeout=inf", "timedelta.max"])
+def test_a_duration_no_wake_time_can_hold_fails_the_run_naming_it(how):
+    """Infinite, or past the year 9999 (``timedelta.max``): refused with an
+    EverystepError, not a bare OverflowError, and nothing is recorded for it."""
+    run = run_once(schedule(w.waits_beyond_time, how))
+    assert run.status == "failed"
+    assert run.error["type"] == "everystep.errors.EverystepError"
+    assert ("inf" if how != "timedelta.max" else "too large") in run.error["message"]
+    assert not run.steps.exists() and not Wait.objects.exists()
 
 
 def test_sleep_until_needs_an_aware_datetime():

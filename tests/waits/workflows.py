@@ -106,3 +106,30 @@ def naps_in_a_branch(seconds):
     from everystep import parallel
 
     return parallel(lambda: [sleep(seconds), note("slept")][1], lambda: note("beside"))
+
+
+@workflow
+def approval_or_cancel(timeout, ask=False):
+    """Waits in two branches at once: for "cancel" (no timeout) and for
+    "approval" (with ``timeout``, caught; after the step ``note("asked")``
+    with ``ask``)."""
+    from everystep import parallel
+
+    def approval():
+        if ask:
+            note("asked")
+        try:
+            return wait_for_event("approval", timeout=timeout)
+        except WaitTimeout:
+            return note("timed out")
+
+    return parallel(lambda: wait_for_event("cancel"), approval)
+
+
+@workflow
+def waits_beyond_time(how):
+    """Sleeps (or waits with a timeout) for a duration no wake time can hold."""
+    if how == "timeout=inf":
+        return wait_for_event("k", timeout=float("inf"))
+    sleep(float("inf") if how == "inf" else dt.timedelta.max)
+    return note("after")
