@@ -2,8 +2,8 @@
 claim loop every ``EVERYSTEP_HEARTBEAT_INTERVAL`` seconds, never per step; and
 the settings that say when a silent worker counts as stale.
 
-``last_seen`` is written and compared by the database's clock (``Now()``), so
-clock skew between machines never makes a live worker look stale.
+``last_seen`` is written and compared by the database's clock (:class:`UtcNow`),
+so clock skew between machines never makes a live worker look stale.
 
 Invariants (what a crash at any line leaves behind):
 - a killed worker leaves its row as it last wrote it. Once that row is older
@@ -32,6 +32,20 @@ MIN_INTERVALS = 3
 # Executing step ids reported per run: a fork of thousands of branches must not
 # make each heartbeat thousands of ids long.
 MAX_STEPS_PER_RUN = 100
+
+
+class UtcNow(Now):
+    """Django's ``Now()``, read in UTC on MySQL/MariaDB too: there ``Now()`` is
+    ``CURRENT_TIMESTAMP(6)``, in the session time zone, and ``last_seen`` a
+    naive DATETIME. With the server's ``time_zone = SYSTEM`` on a host with
+    daylight saving time, the offset changes between a beat and the look at it:
+    at the spring switch every live worker would look an hour silent (its runs
+    requeued), at the autumn switch a dead one an hour younger. UTC has no
+    switch (and is what Django stores there). PostgreSQL (timestamptz) and
+    SQLite (UTC) keep Django's SQL."""
+
+    def as_mysql(self, compiler, connection, **extra_context):
+        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
 
 
 def interval() -> float:
@@ -94,13 +108,13 @@ def beat(name: str, **values) -> None:
     ``last_seen`` is now. One UPDATE, or an INSERT for a new name."""
     from .models import Heartbeat
 
-    if Heartbeat.objects.filter(name=name).update(last_seen=Now(), **values):
+    if Heartbeat.objects.filter(name=name).update(last_seen=UtcNow(), **values):
         return
     try:
         with database.atomic():  # a savepoint: a lost race must not break anything around
-            Heartbeat.objects.create(name=name, last_seen=Now(), **values)
+            Heartbeat.objects.create(name=name, last_seen=UtcNow(), **values)
     except IntegrityError:  # a process under the same name inserted it meanwhile
-        Heartbeat.objects.filter(name=name).update(last_seen=Now(), **values)
+        Heartbeat.objects.filter(name=name).update(last_seen=UtcNow(), **values)
 
 
 def others(name: str) -> list[tuple[str, float, bool]]:

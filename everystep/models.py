@@ -7,12 +7,12 @@ import datetime as dt
 import uuid6
 from django.db import models
 from django.db.models import Case, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, When
-from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from . import database
 from .fields import EverystepJSONField
+from .heartbeats import UtcNow
 from .statuses import RunStatus, StepStatus
 
 
@@ -244,15 +244,17 @@ class ChildRun(models.Model):
 
 class HeartbeatQuerySet(models.QuerySet):
     """Ages are measured by the database's clock, which also wrote ``last_seen``:
-    clock skew between machines never makes a live worker look stale."""
+    clock skew between machines never makes a live worker look stale. Both the
+    beat and the look read it as ``UtcNow()``: on MySQL/MariaDB ``Now()``
+    follows the session time zone, which a DST switch moves in between."""
 
     def with_age(self):
         """Each row's ``age``: how long ago its worker last wrote it (a timedelta)."""
-        return self.annotate(age=ExpressionWrapper(Now() - F("last_seen"), output_field=DurationField()))
+        return self.annotate(age=ExpressionWrapper(UtcNow() - F("last_seen"), output_field=DurationField()))
 
     def stale(self, seconds: float):
         """Workers whose last heartbeat is more than ``seconds`` old."""
-        return self.filter(last_seen__lt=Now() - dt.timedelta(seconds=seconds))
+        return self.filter(last_seen__lt=UtcNow() - dt.timedelta(seconds=seconds))
 
     def with_claims(self):
         """Each row's ``claims``: whether runs are ``running`` under its worker's name."""

@@ -401,14 +401,17 @@ class Worker:
                     # The others lost the database too: give them time to write theirs.
                     self._judge_from = now + (self.recover_stale_after or 0)
                 self._next_recovery = now  # look at the others after each beat
-        if (
-            recover
-            and self.recover_stale_after is not None
-            and self._judge_from is not None
-            and now >= max(self._next_recovery, self._judge_from)
-        ):
+        can_recover = recover and self.recover_stale_after is not None and self._judge_from is not None
+        if can_recover and now >= max(self._next_recovery, self._judge_from):
             self._recover_stale(now)
-        return min(self._next_beat, self._next_recovery) - time.monotonic()
+        # Only a look that can happen bounds the sleep: with recovery off, while
+        # draining or before _judge_from, _next_recovery stays at the last beat
+        # (only _recover_stale moves it on), and counting it would make every
+        # wait 0 s: a busy loop with a claim query per turn.
+        due = self._next_beat
+        if can_recover:
+            due = min(due, max(self._next_recovery, self._judge_from))
+        return due - time.monotonic()
 
     def _beat(self) -> None:
         with self._lock:

@@ -18,7 +18,6 @@ import urllib.request
 import pytest
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
-from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
@@ -78,7 +77,7 @@ def make_heartbeat(name: str, *, seconds_ago: float = 0, **values) -> Heartbeat:
 
 def age(name: str, seconds: float) -> None:
     """Make ``name``'s heartbeat ``seconds`` old, by the database's clock."""
-    Heartbeat.objects.filter(name=name).update(last_seen=Now() - dt.timedelta(seconds=seconds))
+    Heartbeat.objects.filter(name=name).update(last_seen=heartbeats.UtcNow() - dt.timedelta(seconds=seconds))
 
 
 # ---------------------------------------------------------------- the heartbeat
@@ -333,6 +332,36 @@ def test_the_transition_requeues_only_while_the_heartbeat_is_stale():
     assert operations.requeue_stale_worker("w1", 60) == []  # nothing left
 
 
+@pytest.mark.parametrize(
+    "before, after", [("+01:00", "+02:00"), ("+02:00", "+01:00")], ids=["spring", "autumn"]
+)
+def test_a_dst_switch_of_the_database_session_zone_changes_no_age(before, after):
+    """MySQL/MariaDB with ``time_zone = SYSTEM`` on a host with daylight saving
+    time: the session's offset changes between a beat and the look at it (here
+    by SET time_zone, with no time zone tables needed). In spring a live worker
+    keeps its runs; in autumn a dead one loses them on time, not an hour late."""
+    engine_db = database.connection()  # the session that beats and looks
+    if engine_db.vendor != "mysql":
+        pytest.skip("MySQL/MariaDB: its NOW() follows the session time zone")
+    live = Workflow.objects.create(name="x", status=S.RUNNING, claimed_by="w-live")
+    dead = Workflow.objects.create(name="x", status=S.RUNNING, claimed_by="w-dead")
+    try:
+        with engine_db.cursor() as cursor:
+            cursor.execute("SET time_zone = %s", [before])
+        make_heartbeat("w-live")
+        make_heartbeat("w-dead", seconds_ago=61)
+        with engine_db.cursor() as cursor:
+            cursor.execute("SET time_zone = %s", [after])
+        ages = {name: seconds for name, seconds, _ in heartbeats.others("me")}
+        assert ages["w-live"] < 10 and 60 < ages["w-dead"] < 70, ages
+        assert operations.requeue_stale_worker("w-live", 60) == []
+        assert operations.requeue_stale_worker("w-dead", 60) == [dead.id]
+    finally:
+        with engine_db.cursor() as cursor:
+            cursor.execute("SET time_zone = DEFAULT")
+    assert (row(live).status, row(dead).status) == (S.RUNNING, S.SCHEDULED)
+
+
 def test_a_heartbeat_written_while_the_recovery_waits_keeps_the_runs():
     """The heartbeat row is locked before the runs are touched: a recovery that
     waits on a beat in progress sees the beat, and takes nothing."""
@@ -346,7 +375,7 @@ def test_a_heartbeat_written_while_the_recovery_waits_keeps_the_runs():
     def beat():
         try:
             with database.atomic():
-                Heartbeat.objects.filter(name="w1").update(last_seen=Now())
+                Heartbeat.objects.filter(name="w1").update(last_seen=heartbeats.UtcNow())
                 beating.set()
                 release.wait(30)
         finally:

@@ -6,7 +6,7 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from everystep import claims, operations, runner
+from everystep import claims, heartbeats, operations, runner
 from everystep import worker as worker_module
 from everystep.api import schedule
 from everystep.errors import EverystepError
@@ -96,6 +96,56 @@ def test_a_full_worker_claims_nothing(tmp_path, start_worker, monkeypatch):
     wait_for(lambda: all(status_of(run) == S.COMPLETED for run in runs), what="every run to complete")
     stop_and_join(worker)
 
+
+def test_an_idle_worker_with_recovery_off_claims_once_per_poll(start_worker, monkeypatch):
+    """With EVERYSTEP_RECOVER_STALE_AFTER = None no look at the other workers
+    follows a heartbeat: the loop must not wait for one, or it waits 0 s (a
+    claim query per turn, a CPU core pinned)."""
+    claim_calls = count_calls(monkeypatch, claims, "claim_runs")
+    worker = start_worker(name="w1", pool_size=1, poll=0.1, listen=False, recover_stale_after=None)
+    wait_for(claim_calls, what="the first claim")
+    began, seen = time.monotonic(), claim_calls()
+    wait_for(lambda: claim_calls() >= seen + 4, interval=0.01, what="four more claims")
+    # About 0.3 s at one claim per poll; a busy loop claims thousands of times a second.
+    assert time.monotonic() - began >= 0.1
+    stop_and_join(worker)
+
+
+def idle_worker(**options) -> Worker:
+    """A worker between turns of its loop, whose heartbeat needs no database."""
+    worker = Worker(name="w1", install_signals=False, listen=False, **options)
+    worker._beat = lambda: None
+    return worker
+
+
+def test_tend_waits_for_no_look_at_the_others_while_recovery_is_off():
+    worker = idle_worker(recover_stale_after=None)
+    worker._tend(recover=True)  # a heartbeat
+    assert worker._tend(recover=True) > 0
+
+
+def test_tend_waits_for_no_look_at_the_others_while_draining():
+    worker = idle_worker(recover_stale_after=60)
+    worker._tend(recover=False)  # a heartbeat of the drain
+    assert worker._tend(recover=False) > 0
+
+
+def test_tend_waits_for_no_look_at_the_others_before_judging_them_again():
+    """Back from an outage, the worker judges no one for a limit (the others
+    lost the database too): its loop sleeps meanwhile, it does not spin."""
+    from django.db import OperationalError
+
+    worker = idle_worker(recover_stale_after=60)
+
+    def lost():
+        raise OperationalError("the database went away")
+
+    worker._beat = lost
+    worker._tend(recover=True)  # the heartbeat fails
+    worker._beat = lambda: None
+    worker._next_beat = 0.0
+    worker._tend(recover=True)  # the database is back: no look for 60 s
+    assert 0 < worker._tend(recover=True) <= worker.heartbeat_interval
 
 def test_resumes_its_own_parked_runs_first(tmp_path):
     log = str(tmp_path / "log")
@@ -190,6 +240,23 @@ def test_a_drain_timeout_requeues_the_run_and_fences_the_step_in_flight(tmp_path
     assert not Step.objects.filter(workflow_id=run.id).exists()  # ...and wrote nothing
     assert status_of(run) == S.SCHEDULED
 
+
+def test_a_draining_worker_sleeps_between_its_heartbeats(tmp_path, start_worker, monkeypatch):
+    """The drain keeps the heartbeat up (the others must not take its runs) but
+    looks at no other worker: it sleeps until the next beat, it does not spin."""
+    log, gate = str(tmp_path / "log"), tmp_path / "gate"
+    schedule(w.held, log, str(gate))
+    worker = start_worker(name="w1", pool_size=1, heartbeat_interval=0.1)
+    wait_for(lambda: events(log, "start", 1), what="step 1 to start")
+    beats = count_calls(monkeypatch, heartbeats, "beat")
+    turns = count_calls(monkeypatch, worker_module._Waker, "wait")
+    worker.stop()
+    wait_for(lambda: beats() >= 3, what="three heartbeats during the drain")
+    gate.touch()
+    stop_and_join(worker)
+    # A turn per heartbeat, give or take the stop and the run's end; a drain
+    # that spins goes round thousands of times between two beats.
+    assert turns() <= 2 * beats() + 4, f"{turns()} turns of the drain loop for {beats()} heartbeats"
 
 def test_an_operator_stop_is_observed_at_the_next_step_boundary(tmp_path, start_worker):
     """On PostgreSQL the NOTIFY keeps step 2 from starting at all; elsewhere step 2
