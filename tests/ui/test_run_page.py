@@ -544,6 +544,8 @@ def test_an_error_nested_as_deep_as_json_can_read_still_opens_the_page(admin_cli
     # display.stored_error reads the payload, then writes its args out again one
     # level deeper: somewhere below the recursion limit a depth can be read and
     # not written. Every depth around it opens, shown raw when not decodable.
+    if connection.vendor == "mysql":
+        pytest.skip("MariaDB's JSON_VALID check refuses JSON nested this deep: no such row can exist")
     failing = []
     for depth in range(sys.getrecursionlimit() - 200, sys.getrecursionlimit() + 1):
         run = make_run(status=Workflow.Status.FAILED)
