@@ -5,7 +5,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
 from django.db.utils import load_backend
 
-from . import database, heartbeats, registry
+from . import database, heartbeats, registry, statements
 
 SUPPORTED_VENDORS = {"postgresql", "mysql", "sqlite"}
 
@@ -184,3 +184,41 @@ def check_listen_database(app_configs, **kwargs):
             )
         ]
     return []
+
+
+@checks.register()
+def check_prepare_threshold(app_configs, **kwargs):
+    """Django's own statements prepared by psycopg on everystep's database: then
+    each rollback there makes psycopg send ``DEALLOCATE ALL``, which behind
+    PgBouncer also drops everystep's prepared statements (see
+    ``statements.execute``). Django's cursors bind on the client and are never
+    prepared, whatever ``prepare_threshold`` says, unless ``server_side_binding``."""
+    if not statements.prepared_statements():
+        return []  # everystep prepares nothing: a DEALLOCATE ALL drops nothing of its own
+    alias = database.alias()
+    db = settings.DATABASES.get(alias, {})
+    options = db.get("OPTIONS") or {}
+    if options.get("prepare_threshold") is None or options.get("server_side_binding") is not True:
+        return []
+    try:
+        vendor = load_backend(db.get("ENGINE", "")).DatabaseWrapper.vendor
+    except Exception:  # no such backend: Django's own checks report it
+        return []
+    if vendor != "postgresql":
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}]['OPTIONS'] sets prepare_threshold with server_side_binding: psycopg "
+            "prepares Django's own statements on everystep's database, and sends DEALLOCATE ALL after "
+            "each rollback there (a failed transaction.atomic() in a step). Behind PgBouncer, that also "
+            "drops everystep's prepared statements: PgBouncer cuts the worker's connection off at its "
+            "next statement, and the run goes back to the queue, its step run again.",
+            hint=(
+                "Behind PgBouncer, remove prepare_threshold from OPTIONS (Django's default, None, "
+                "prepares nothing), or set EVERYSTEP_PREPARED_STATEMENTS = False. Straight to "
+                "PostgreSQL a rollback costs only a statement prepared again: add 'everystep.W003' "
+                "to SILENCED_SYSTEM_CHECKS."
+            ),
+            id="everystep.W003",
+        )
+    ]

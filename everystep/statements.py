@@ -4,7 +4,12 @@ Recording a step, loading a run's outcomes and ending a run (and the claim,
 in ``everystep.claims``) are written as SQL rather than through the ORM:
 building an ORM query costs about 0.3 ms of CPU, about as much as the round
 trip it makes, and a worker sends one per step and three per run. On
-PostgreSQL they go out as prepared statements, planned once per connection.
+PostgreSQL, on an autocommit connection (a worker's), the claim, the step
+insert and the run's end go out through libpq as prepared statements of
+everystep's own, planned once per connection. The load of a run's outcomes
+(once per replayed run), and any statement sent inside a transaction, go
+through a psycopg cursor unprepared: psycopg must never hold a prepared
+statement of its own on everystep's connection (see :func:`execute`).
 
 Values are stored exactly as ``EverystepJSONField`` stores them
 (``serde.encode``, then the backend's JSON adaptation) and read back through
@@ -134,12 +139,27 @@ def prepared_statements() -> bool:
 
 
 def execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False):
-    """Run ``sql`` on ``conn`` (prepared on PostgreSQL when ``prepared``); the
-    rows (``fetch``) or the number of rows written."""
+    """Run ``sql`` on ``conn`` through a cursor; the rows (``fetch``) or the
+    number of rows written. With ``prepared`` on PostgreSQL, a psycopg cursor
+    that binds the values on the server (:func:`_binding_cursor`), else
+    Django's, which binds them on the client.
+
+    Never as a prepared statement of psycopg's (``prepare=False``): while
+    psycopg holds one on a connection, every ROLLBACK or ROLLBACK TO SAVEPOINT
+    on it (a step's own ``transaction.atomic()`` that fails, the engine's own
+    savepoints) makes psycopg send ``DEALLOCATE ALL``. PostgreSQL then drops
+    everystep's libpq statements too, which are prepared again on the next
+    call; but PgBouncer that keeps prepared statements (1.24.1 in the suite)
+    forgets them, and cuts the client off at their next execution ("prepared
+    statement did not exist"): the run goes back
+    to the queue and its step runs again. The statements that take this path
+    are the load of a run's outcomes (once per replayed run, so planning it
+    each time costs little) and, inside a transaction only, those that
+    otherwise go through libpq."""
     if prepared and conn.vendor == "postgresql":
-        with _pooler_hint(), conn.wrap_database_errors:
-            cursor = _prepared_cursor(conn)
-            cursor.execute(sql, params, prepare=True)
+        with conn.wrap_database_errors:
+            cursor = _binding_cursor(conn)
+            cursor.execute(sql, params, prepare=False)
             return cursor.fetchall() if fetch else cursor.rowcount
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
@@ -178,8 +198,9 @@ def _lost_prepared_statement(exc: DatabaseError) -> bool:
 # prepared-statement cache, the result's bookkeeping); sent straight through
 # libpq, prepared once per connection with its parameter types declared and
 # its values already as text, about 35 us. Only on an autocommit connection:
-# in a transaction psycopg must send its BEGIN first, so the cursor path
-# handles that case (and the setting turning prepared statements off).
+# in a transaction psycopg must send its BEGIN first, so the cursor path,
+# unprepared (see execute), handles that case (and the setting turning
+# prepared statements off).
 
 
 class Libpq:
@@ -354,22 +375,16 @@ def _error(pgconn, result, encoding: str) -> Exception:
     return errors.error_from_result(result, encoding=encoding)
 
 
-def _prepared_cursor(conn) -> "psycopg.Cursor":
-    """A server-side-binding cursor kept on the Django connection.
-
-    Django's cursors bind on the client, so the server would parse and plan
-    each statement every time; prepared, it is planned once per connection.
-    """
+def _binding_cursor(conn) -> "psycopg.Cursor":
+    """A server-side-binding psycopg cursor kept on the Django connection
+    (Django's cursors bind on the client). Executed with ``prepare=False``
+    only (see :func:`execute`); the connection's ``prepare_threshold`` is left
+    as Django set it."""
     import psycopg
 
     conn.ensure_connection()
     pg = conn.connection
     cursor = getattr(conn, "_everystep_cursor", None)
     if cursor is None or cursor.connection is not pg or cursor.closed:
-        if pg.prepare_threshold is None:
-            # Django connects with preparing off (None), which also ignores
-            # prepare=True. A threshold never reached keeps Django's own
-            # statements unprepared and honours ours.
-            pg.prepare_threshold = 2**31
         cursor = conn._everystep_cursor = psycopg.Cursor(pg)
     return cursor

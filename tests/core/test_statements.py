@@ -1,5 +1,6 @@
 """The engine's hot-path SQL (everystep.statements): rows it writes read the same
-through the ORM, and on PostgreSQL it is prepared unless the setting says not to."""
+through the ORM, and on PostgreSQL it is prepared unless the setting says not to
+(through libpq, never as psycopg's own prepared statements)."""
 
 import datetime as dt
 import json
@@ -7,13 +8,14 @@ import uuid
 from contextlib import contextmanager
 
 import pytest
-from django.db import IntegrityError, OperationalError
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, OperationalError, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import given
 
-from everystep import database, operations, registry, runner, serde, statements
+from everystep import checks, database, operations, registry, runner, serde, statements
 from everystep.errors import EverystepError
 from everystep.models import ChildRun, Step, Workflow
 from tests.core import workflows as w
@@ -77,8 +79,40 @@ def test_the_hot_path_is_prepared_on_postgresql():
     assert run_workflow(w.sequential, 3).status == "completed"
     prepared = "\n".join(prepared_statements())
     assert "INSERT INTO everystep_step" in prepared
-    assert "SELECT step_id, status, name, result, error FROM everystep_step" in prepared
     assert "UPDATE everystep_workflow SET status = $1, result = $2" in prepared
+    # The load of a run's outcomes (once per replayed run) goes through a
+    # cursor, unprepared: psycopg holds no prepared statement of its own.
+    assert "SELECT step_id, status, name, result, error FROM everystep_step" not in prepared
+    assert all(name.startswith("everystep_") for name in prepared_statement_names())
+
+
+@pytest.mark.django_db
+def test_in_a_transaction_psycopg_prepares_nothing_of_its_own():
+    """In a transaction everything goes through the cursor path (the claim, the
+    load, the inserts, the end): unprepared, so no ``_pg3_`` statement of psycopg's."""
+    autocommit_postgresql()
+    assert database.connection().in_atomic_block
+    run = run_workflow(w.sequential, 3)
+    assert run.status == "completed"
+    assert len(list(statements.load_outcomes(run.id))) == 3
+    assert [name for name in prepared_statement_names() if not name.startswith("everystep_")] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollback_on_everystep_connection_leaves_its_libpq_statements_prepared():
+    """psycopg sends DEALLOCATE ALL after a ROLLBACK (or ROLLBACK TO SAVEPOINT)
+    while it holds a prepared statement of its own: PostgreSQL then drops
+    everystep's libpq statements too, and PgBouncer 1.21+ cuts the client off
+    at their next execution (tests/worker/test_pgbouncer.py). The load of a
+    run's outcomes must leave psycopg holding none."""
+    autocommit_postgresql()
+    run = Workflow.objects.create(name="x.y", args=[], status="running", claimed_by=CLAIMER)
+    assert insert(run.id, "1")
+    assert [outcome[0] for outcome in statements.load_outcomes(run.id)] == ["1"]
+    with pytest.raises(ValueError), transaction.atomic(using=database.alias()):
+        Workflow.objects.filter(id=run.id).update(name="x.z")
+        raise ValueError("rolled back")
+    assert "everystep_insert_step" in prepared_statement_names()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -178,6 +212,17 @@ def test_through_libpq_statements_deallocated_behind_its_back_are_prepared_again
         cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does
     assert run_workflow(w.sequential, 2).status == "completed"
     assert "everystep_insert_step" in prepared_statement_names()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_libpq_a_statement_missing_again_once_prepared_again_has_the_pooler_hint(monkeypatch):
+    """What a pooler that keeps no prepared statements (PgBouncer before 1.21)
+    does: each time prepared on one server connection, executed on another."""
+    autocommit_postgresql()
+    monkeypatch.setattr(statements, "_prepare", lambda *args: None)
+    never = statements.Libpq("everystep_test_never_prepared", "SELECT %s + 1", [statements.INT8])
+    with pytest.raises(DatabaseError, match="set EVERYSTEP_PREPARED_STATEMENTS = False"):
+        statements.fetch_libpq(database.connection(), never, ["1"])
 
 
 @pytest.mark.django_db(transaction=True)
@@ -304,3 +349,40 @@ def test_a_runs_fenced_orm_writes_find_it_by_primary_key_whatever_the_statistics
     # release, an operator's requeue from that claimer.
     assert len(fenced) >= 6, fenced
     assert {sql: run_lookups(sql) for sql in fenced} == {sql: ["everystep_workflow_pkey"] for sql in fenced}
+
+
+# ------------------------------------------------ Django's own statements prepared (everystep.W003)
+
+PROBE = "everystep_probe"
+
+
+@pytest.fixture
+def probed(monkeypatch):
+    """``probed(**options)``: the W003 check's warnings for everystep's database
+    on PostgreSQL with these ``OPTIONS`` (a database never connected to)."""
+
+    def check(prepared: bool = True, **options):
+        db = {"ENGINE": "django.db.backends.postgresql", "NAME": "probe", "OPTIONS": options}
+        monkeypatch.setitem(settings.DATABASES, PROBE, db)
+        with override_settings(EVERYSTEP_DATABASE=PROBE, EVERYSTEP_PREPARED_STATEMENTS=prepared):
+            return [warning.id for warning in checks.check_prepare_threshold(None)]
+
+    return check
+
+
+def test_prepare_threshold_with_server_side_binding_is_a_warning(probed):
+    assert probed(server_side_binding=True, prepare_threshold=5) == ["everystep.W003"]
+    assert probed(server_side_binding=True, prepare_threshold=0) == ["everystep.W003"]
+
+
+def test_django_statements_never_prepared_are_no_warning(probed):
+    assert probed() == []
+    assert probed(server_side_binding=True) == []  # Django's default threshold: None
+    assert probed(server_side_binding=True, prepare_threshold=None) == []
+    assert probed(prepare_threshold=5) == []  # Django's client-side-binding cursors never prepare
+    # everystep prepares nothing itself: a DEALLOCATE ALL drops nothing of its own.
+    assert probed(prepared=False, server_side_binding=True, prepare_threshold=5) == []
+
+
+def test_the_test_settings_have_no_prepare_threshold_warning():
+    assert checks.check_prepare_threshold(None) == []

@@ -17,13 +17,14 @@ from collections import Counter, defaultdict
 from types import SimpleNamespace
 
 import pytest
-from django.db import DatabaseError, connections
+from django.db import connections, transaction
 from django.db.utils import load_backend
 from django.test import override_settings
 
-from everystep import database, operations, statements
+from everystep import database, operations, send_event, statements, step, workflow
 from everystep.api import schedule
 from everystep.models import Step, Workflow
+from tests.helpers import run_once
 from tests.settings import database_from_url
 from tests.worker import workflows as w
 from tests.worker.support import database_url, wait_for
@@ -50,6 +51,8 @@ def _wrapper(url: str, alias: str):
 
 # Parametrizes ``bounced``: prepared statements off (PgBouncer 1.18's way), then on.
 BOTH = pytest.mark.parametrize("bounced", [False, True], ids=["unprepared", "prepared"], indirect=True)
+# Parametrizes ``bounced``: prepared statements on, through a PgBouncer that keeps them.
+PREPARED = pytest.mark.parametrize("bounced", [True], ids=["prepared"], indirect=True)
 
 
 @pytest.fixture
@@ -222,21 +225,20 @@ def _stats(bouncer, name: str) -> dict:
     return next(row for row in bouncer.show("STATS") if row["database"] == name)
 
 
-def test_prepared_statements_behind_pgbouncer_fail_with_a_hint(start_pgbouncer, transactional_db):
+def test_the_cursor_path_prepares_nothing_of_psycopgs_behind_pgbouncer(start_pgbouncer, transactional_db):
     """PgBouncer 1.18 in transaction mode (or a later one that keeps no prepared
-    statements) hands one server connection to two clients: the second one's
-    prepared statement collides with the first's. The error says what to set."""
+    statements) hands one server connection to two clients: a statement psycopg
+    prepared for one (``_pg3_0``) would collide with the other's. everystep's
+    cursor path binds on the server but prepares nothing (statements.execute),
+    with the setting on or off."""
     bouncer = start_pgbouncer(pool_size=1)
     url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
     first, second = _wrapper(url, "bounced_a"), _wrapper(url, "bounced_b")
     try:
-        with pytest.raises(DatabaseError) as caught:
-            for conn in (first, second) * 2:
-                statements.execute(conn, "SELECT %s::int", [1], prepared=True, fetch=True)
-        assert "EVERYSTEP_PREPARED_STATEMENTS = False" in str(caught.value)
-        for conn in (first, second) * 2:  # without preparing: fine
-            conn.close()
-            assert statements.execute(conn, "SELECT %s::int", [1], prepared=False, fetch=True) == [(1,)]
+        for prepared in (True, False):
+            for i, conn in enumerate((first, second) * 2):
+                rows = statements.execute(conn, "SELECT %s::int", [i], prepared=prepared, fetch=True)
+                assert rows == [(i,)]
     finally:
         first.close()
         second.close()
@@ -245,10 +247,11 @@ def test_prepared_statements_behind_pgbouncer_fail_with_a_hint(start_pgbouncer, 
 def test_a_pgbouncer_that_keeps_prepared_statements_lets_clients_share_a_server_connection(
     start_pgbouncer, transactional_db
 ):
-    """The same turns as above, through PgBouncer 1.21+ with max_prepared_statements:
-    each client's statements (psycopg's prepared cursor and everystep's own
-    libpq ones) are its own, whichever server connection it is lent. PostgreSQL
-    parsed each statement once, on the one server connection."""
+    """Two clients on one server connection, through PgBouncer 1.21+ with
+    max_prepared_statements: each client's libpq statements are its own,
+    whichever server connection it is lent. PostgreSQL parsed the statement
+    once, on the one server connection; the cursor path's unprepared
+    statements in between are no prepared statement of PgBouncer's."""
     bouncer = start_pgbouncer(pool_size=1, prepared_statements=True)
     url = bouncer.url(connections[database.alias()].settings_dict["NAME"])
     first, second = _wrapper(url, "bounced_a"), _wrapper(url, "bounced_b")
@@ -258,8 +261,10 @@ def test_a_pgbouncer_that_keeps_prepared_statements_lets_clients_share_a_server_
             assert statements.execute(conn, "SELECT %s::int", [i], prepared=True, fetch=True) == [(i,)]
             assert statements.fetch_libpq(conn, plus_one, [str(i)]) == [(i + 1,)]
         stats = _stats(bouncer, url.rsplit("/", 1)[1])
-        assert stats["total_server_parse_count"] == 2, stats
-        assert stats["total_bind_count"] == 12, stats
+        # Each client prepared it once, PostgreSQL parsed it once; only the
+        # libpq statement's 6 executions are binds of a prepared statement.
+        assert (stats["total_client_parse_count"], stats["total_server_parse_count"]) == (2, 1), stats
+        assert stats["total_bind_count"] == 6, stats
     finally:
         first.close()
         second.close()
@@ -288,3 +293,82 @@ def test_a_pooled_connection_keeps_its_prepared_statements_through_pgbouncer(
         assert _stats(bouncer, url.rsplit("/", 1)[1])["total_client_parse_count"] == 2
     finally:
         conn.close_pool()
+
+
+# ------------------------------------------------------------ a rollback on everystep's connection
+#
+# While psycopg holds a prepared statement of its own on a connection, every
+# ROLLBACK or ROLLBACK TO SAVEPOINT there makes it send DEALLOCATE ALL, and
+# PgBouncer (1.24.1 here) then forgets all of the client's statements,
+# everystep's libpq ones included: the next step's insert was a bind of a
+# name it no longer knew, it cut the client off ("prepared statement did not
+# exist"), and the run went back to the queue with its step run again.
+# In-process (run_once), through PgBouncer; the replay loads the run's
+# outcomes (the statement that went through a prepared psycopg cursor)
+# before the steps run.
+
+EXECUTED = []
+
+
+@step
+def pgbouncer_plain_step():
+    return 1
+
+
+@step
+def pgbouncer_tolerant_step():
+    """Tries something on everystep's database and tolerates its failure (a rollback)."""
+    EXECUTED.append("tolerant")
+    try:
+        with transaction.atomic(using=database.alias()):
+            with database.connection().cursor() as cursor:
+                cursor.execute("SELECT 1")  # say, an INSERT
+            raise ValueError("say, an IntegrityError on a duplicate row")
+    except ValueError:
+        pass
+    return "ok"
+
+
+@workflow
+def pgbouncer_tolerant():
+    pgbouncer_plain_step()
+    return pgbouncer_tolerant_step()
+
+
+@PREPARED
+def test_a_step_that_rolls_back_its_own_transaction_is_recorded_once_behind_pgbouncer(bounced):
+    EXECUTED.clear()
+    run = schedule(pgbouncer_tolerant)
+    row = run_once(Workflow.objects.get(id=run.id))  # claim, replay (loads outcomes), both steps, the end
+    assert (row.status, row.result, EXECUTED) == (S.COMPLETED, "ok", ["tolerant"])
+    assert Step.objects.filter(workflow_id=run.id).count() == 2
+
+
+SENT = []
+
+
+@step
+def pgbouncer_notify_step(other_id):
+    """Sends an event that was already sent: send_event is idempotent per key
+    (returns False), its duplicate insert rolled back to a savepoint."""
+    SENT.append(send_event(other_id, "pgbouncer-done", 1))
+    return "sent"
+
+
+@workflow
+def pgbouncer_notifier(other_id):
+    pgbouncer_plain_step()
+    return pgbouncer_notify_step(other_id)
+
+
+@PREPARED
+def test_a_step_resending_an_event_is_recorded_once_behind_pgbouncer(bounced):
+    """The engine's own savepoint rollback (send_event's duplicate) did the same:
+    psycopg's ROLLBACK TO SAVEPOINT also made it send DEALLOCATE ALL."""
+    SENT.clear()
+    other = schedule(pgbouncer_tolerant)
+    assert send_event(other.id, "pgbouncer-done", 1)
+    run = schedule(pgbouncer_notifier, str(other.id))
+    row = run_once(Workflow.objects.get(id=run.id))
+    assert (row.status, SENT) == (S.COMPLETED, [False])
+    assert Step.objects.filter(workflow_id=run.id).count() == 2
