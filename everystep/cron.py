@@ -30,6 +30,7 @@ then); a crash after it leaves an ordinary ``scheduled`` run.
 import datetime as dt
 import functools
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ MISSED_AFTER = dt.timedelta(seconds=30)
 _COUNT_LIMIT = 10_000
 _NEVER = dt.datetime.max.replace(tzinfo=UTC)
 _MAX_BACKOFF = 5.0
+# Bounds the work around a DST change where cronsim's iteration goes astray.
+_TRIES = 1_000
+_LOOK_BACK = dt.timedelta(days=7)
 
 
 class ScheduleError(EverystepError):
@@ -74,18 +78,74 @@ class CronSchedule:
     def next_after(self, moment: dt.datetime) -> dt.datetime | None:
         """The first slot strictly after ``moment``, in UTC; None if none comes
         within 50 years."""
-        from cronsim import CronSim
-
-        return _in_utc(next(CronSim(self.expression, moment.astimezone(self.zone)), None))
+        moment = moment.astimezone(UTC)
+        slot = self._forward(moment)
+        # Where a zone's clock goes back off the hour (Pacific/Chatham, from 03:45
+        # to 02:45), cronsim's forward iteration can step over a slot of the
+        # second pass that its reverse iteration finds: take the earlier, or
+        # latest_at() would report a slot the starter never starts.
+        for _ in range(_TRIES):
+            before = None if slot is None else self._reverse(slot)
+            if before is None or not moment < before < slot:
+                break
+            slot = before
+        return slot
 
     def latest_at(self, moment: dt.datetime) -> dt.datetime | None:
         """The last slot at or before ``moment``, in UTC."""
-        from cronsim import CronSim
-
+        moment = moment.astimezone(UTC)
         # Slots fall on whole seconds; cronsim's reverse iteration starts strictly
         # before its start. One second later, counted in UTC (not on a wall clock
         # that may be about to fold), makes ``moment``'s own second a candidate.
-        start = moment.astimezone(UTC).replace(microsecond=0) + dt.timedelta(seconds=1)
+        start = moment.replace(microsecond=0) + dt.timedelta(seconds=1)
+        latest = self._reverse(start)
+        # In the repeated hour, cronsim's reverse iteration can answer a slot
+        # after ``moment`` (Chatham: start it earlier), or an earlier day's
+        # instead of the day's fixed time that ran in the first pass (Paris'
+        # 02:30 at 02:10 CET: walk forward from it, with next_after). So the
+        # starter catches up that slot, not tomorrow's an hour late, and the
+        # overview agrees with the starter.
+        back = dt.timedelta(minutes=1)
+        while latest is not None and latest > moment:
+            if back > _LOOK_BACK:
+                return None
+            latest, back = self._reverse(start - back), back * 2
+        while (
+            latest is not None and (following := self.next_after(latest)) is not None and following <= moment
+        ):
+            latest = following
+        return latest
+
+    def _forward(self, moment: dt.datetime) -> dt.datetime | None:
+        """The first slot cronsim's forward iteration yields after ``moment``."""
+        from cronsim import CronSim
+
+        start = moment
+        for _ in range(_TRIES):
+            previous = None
+            for slot in itertools.islice(CronSim(self.expression, start.astimezone(self.zone)), _TRIES):
+                slot = slot.astimezone(UTC)
+                if slot > moment:
+                    return slot
+                # Not after ``moment``: in the second pass of a fall-back (02:10
+                # CET), cronsim reads a fixed time on the bare wall clock and yields
+                # the day's slot that ran in the first pass (02:30 CEST), then
+                # tomorrow's. As next slot, it would make the loop sleep 0s until
+                # 02:30 CET, with a query each turn. Skip it.
+                if previous is not None and slot < previous:
+                    break  # going back: cronsim is stuck in a fold off the hour (Chatham)
+                previous = slot
+            else:
+                if previous is None:
+                    return None  # no slot within 50 years
+            start += dt.timedelta(minutes=1)  # afresh, from past the wall time it is stuck at
+        return None
+
+    def _reverse(self, start: dt.datetime) -> dt.datetime | None:
+        """The first slot cronsim's reverse iteration yields from ``start`` (in a
+        fold, not always before it)."""
+        from cronsim import CronSim
+
         return _in_utc(next(CronSim(self.expression, start.astimezone(self.zone), reverse=True), None))
 
     def slots_between(self, after: dt.datetime, before: dt.datetime, limit: int = _COUNT_LIMIT) -> int:

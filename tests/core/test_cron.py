@@ -205,6 +205,81 @@ def test_latest_and_next_agree_across_dst_changes(expression):
             previous, moment = slot, slot
 
 
+def test_dst_in_the_second_pass_of_the_repeated_hour_the_days_fixed_time_is_past():
+    # 2026-10-25 in Paris: at 02:10 CET (the second pass), the day's 02:30 slot ran
+    # in the first pass, at 02:30 CEST. cronsim alone answers that slot as the next
+    # one, and the day before's as the latest.
+    schedule = CronSchedule("a.b", "30 2 * * *", "Europe/Paris")
+    moment = at(2026, 10, 25, 1, 10)
+    assert schedule.latest_at(moment) == at(2026, 10, 25, 0, 30)  # 02:30 CEST
+    assert schedule.next_after(moment) == at(2026, 10, 26, 1, 30)  # tomorrow's 02:30 CET
+
+
+# Around the clock going back in each zone (the UTC instant it does), the slots of that
+# night as the schedule's argument shows them: a fixed time once, in the first pass;
+# frequent slots (a `*` in the minute field) in both passes. Chatham goes back from
+# 03:45 to 02:45, Lord Howe by half an hour, from 02:00 to 01:30 (so its wall clock
+# reads 02:00 only once, after the repeated half hour).
+FALL_BACKS = [
+    ("Europe/Paris", "30 2 * * *", at(2026, 10, 25, 1), ["02:30+02:00"]),
+    ("America/New_York", "30 1 * * *", at(2026, 11, 1, 6), ["01:30-04:00"]),
+    ("Australia/Sydney", "30 2 * * *", at(2026, 4, 4, 16), ["02:30+11:00"]),
+    ("Europe/Dublin", "30 1 * * *", at(2026, 10, 25, 1), ["01:30+01:00"]),
+    ("America/Havana", "30 0 * * *", at(2026, 11, 1, 5), ["00:30-04:00"]),
+    ("Australia/Lord_Howe", "45 1 * * *", at(2026, 4, 4, 15), ["01:45+11:00"]),
+    (
+        "Australia/Lord_Howe",
+        "*/15 2 * * *",
+        at(2026, 4, 4, 15),
+        ["02:00+10:30", "02:15+10:30", "02:30+10:30", "02:45+10:30"],
+    ),
+    (
+        "Pacific/Chatham",
+        "*/15 2 * * *",
+        at(2026, 4, 4, 14),
+        ["02:00+13:45", "02:15+13:45", "02:30+13:45", "02:45+13:45", "02:45+12:45"],
+    ),
+    (
+        "Pacific/Chatham",
+        "*/15 3 * * *",
+        at(2026, 4, 4, 14),
+        [
+            "03:00+13:45",
+            "03:15+13:45",
+            "03:30+13:45",
+            "03:00+12:45",
+            "03:15+12:45",
+            "03:30+12:45",
+            "03:45+12:45",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("zone", "expression", "fall_back", "night"), FALL_BACKS)
+def test_dst_next_and_latest_slots_hold_across_the_repeated_hour(zone, expression, fall_back, night):
+    """What the starter relies on at any moment of that night: the next slot is
+    ahead (or its loop would not sleep), the latest is not (or it would start a
+    slot early), and none lies between the latest and now (or a restarted worker
+    would skip the slot it missed)."""
+    schedule = CronSchedule("a.b", expression, zone)
+    start, end = fall_back - dt.timedelta(hours=2), fall_back + dt.timedelta(hours=2)
+    chain, moment = [], start  # the slots a worker running through the night starts
+    while (moment := schedule.next_after(moment)) <= end:
+        chain.append(moment)
+    assert [schedule.argument(slot).isoformat(timespec="minutes")[11:] for slot in chain] == night
+    for minutes in range(0, 4 * 60 + 1, 5):
+        for moment in (
+            start + dt.timedelta(minutes=minutes, seconds=-1),
+            start + dt.timedelta(minutes=minutes),
+        ):
+            latest, following = schedule.latest_at(moment), schedule.next_after(moment)
+            assert latest <= moment < following, moment
+            assert schedule.next_after(latest) == following, moment
+            assert latest in chain or latest < start, moment
+            assert following in chain or following > end, moment
+
+
 # ---------------------------------------------------------------- starting slots
 
 
@@ -303,6 +378,53 @@ def test_slots_overlap_a_slot_starts_while_the_previous_one_still_runs(declare):
         Workflow.objects.filter(name=report.__everystep__.name).values_list("idempotency_key", "status")
     )
     assert statuses == {"cron:2026-03-06T09:10:00Z": "running", "cron:2026-03-06T09:15:00Z": "scheduled"}
+
+
+def loop_until(starter, clock, until, *, poll=600):
+    """A worker's loop between claims, on the test's clock, until ``until``: the
+    times it started a slot at, and how many of its waits were 0s (each a turn
+    spinning, a query each)."""
+    started, spins = [], 0
+    while clock.now < until:
+        if starter.start_due():
+            started.append(clock.now)
+        wait = starter.timeout(poll)
+        spins += wait == 0
+        clock.now += dt.timedelta(seconds=max(wait, 1))
+    return started, spins
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("ran_today", "up_at", "starts_at"),
+    [
+        (False, at(2026, 10, 24, 23, 0), [at(2026, 10, 25, 0, 30)]),  # through the night: on time
+        (False, at(2026, 10, 25, 1, 10), [at(2026, 10, 25, 1, 10)]),  # back at 02:10 CET: caught up
+        (True, at(2026, 10, 25, 1, 10), []),  # deployed at 02:10 CET: it ran at 02:30 CEST
+    ],
+)
+def test_dst_a_worker_in_the_repeated_hour_starts_the_fixed_time_once_and_sleeps(
+    declare, ran_today, up_at, starts_at
+):
+    # 2026-10-25 in Paris: 30 2 runs at 02:30 CEST (00:30Z), not again at 02:30 CET
+    # (01:30Z). A worker (re)started between 02:00 and 02:30 CET catches it up if
+    # it was missed, and sleeps until tomorrow's, instead of spinning to 02:30 CET.
+    report = declare(cron="30 2 * * *", timezone="Europe/Paris")
+    before, clock = started_at(report, at(2026, 10, 24, 0, 0))
+    clock.set(2026, 10, 24, 0, 30, 0)
+    assert before.start_due() == 1  # the day before's slot
+    if ran_today:
+        clock.set(2026, 10, 25, 0, 30, 0)
+        assert before.start_due() == 1
+
+    clock = Clock(up_at)
+    starter = CronStarter([report.__everystep__.cron], runner="w2", now=clock)
+    started, spins = loop_until(starter, clock, at(2026, 10, 25, 3, 0))
+    assert (started, spins) == (starts_at, 0)
+    assert keys_of(report) == ["cron:2026-10-24T00:30:00Z", "cron:2026-10-25T00:30:00Z"]
+    assert starter.timeout(poll=86_400) == pytest.approx(
+        (at(2026, 10, 26, 1, 30) - clock.now).total_seconds()
+    )
 
 
 @pytest.mark.django_db
