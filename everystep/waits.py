@@ -18,7 +18,7 @@ as a child run, plugs in the same way):
 2. The runner then calls :func:`suspend_run`: one transaction that moves the
    run ``running`` (under this claimer) -> ``waiting``, clears ``claimed_by``
    and writes the run's ``everystep_wait`` rows: one per wait it stops at
-   (several in a ``parallel`` fork, see :func:`stopped_at`), so that each
+   (several in a ``parallel`` fork, see ``stopped_at``), so that each
    one's wake time and key wake the run. The worker slot is free once
    the runner returns. If the run moved on meanwhile (stopped, requeued) it
    writes nothing. If the wait became ready meanwhile (``Waiting.ready``: an
