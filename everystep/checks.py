@@ -167,14 +167,7 @@ def check_listen_database(app_configs, **kwargs):
             )
         ]
     engine = settings.DATABASES[listen].get("ENGINE", "")
-    # By the backend's vendor, as the worker decides: PostGIS and other
-    # backends built on Django's PostgreSQL one are PostgreSQL. Read from the
-    # backend's class, without opening a connection.
-    try:
-        vendor = load_backend(engine).DatabaseWrapper.vendor
-    except Exception:  # no such backend: Django's own checks report it
-        vendor = None
-    if vendor != "postgresql":
+    if _vendor(engine) != "postgresql":
         return [
             checks.Error(
                 f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, a {engine or 'no'} database: LISTEN/NOTIFY "
@@ -200,11 +193,7 @@ def check_prepare_threshold(app_configs, **kwargs):
     options = db.get("OPTIONS") or {}
     if options.get("prepare_threshold") is None or options.get("server_side_binding") is not True:
         return []
-    try:
-        vendor = load_backend(db.get("ENGINE", "")).DatabaseWrapper.vendor
-    except Exception:  # no such backend: Django's own checks report it
-        return []
-    if vendor != "postgresql":
+    if _vendor(db.get("ENGINE", "")) != "postgresql":
         return []
     return [
         checks.Warning(
@@ -222,3 +211,14 @@ def check_prepare_threshold(app_configs, **kwargs):
             id="everystep.W003",
         )
     ]
+
+
+def _vendor(engine: str) -> str | None:
+    """The vendor of a ``DATABASES`` ENGINE, as the worker decides by it: PostGIS
+    and other backends built on Django's PostgreSQL one are "postgresql". Read
+    from the backend's class, without opening a connection; None when it does
+    not load (Django's own checks report that)."""
+    try:
+        return load_backend(engine).DatabaseWrapper.vendor
+    except Exception:
+        return None
