@@ -56,14 +56,25 @@ TASK_START = "everystep.tasks.task_started"
 @dataclass(frozen=True)
 class CutRow:
     """A step row of a cut history: ``why`` it is discarded (or kept);
-    ``unsafe`` when its function is marked unsafe to repeat."""
+    ``unsafe``: ``registry.repeat_risk`` of its function (empty when it is
+    safe to repeat)."""
 
     id: int
     step_id: str
     name: str
     status: str
-    unsafe: bool
+    unsafe: str
     why: str
+
+    @property
+    def named(self) -> str:
+        """The function's name, and why it may be unsafe when it is not marked so."""
+        return f"{self.name}, {self.unsafe}" if self.unknown else self.name
+
+    @property
+    def unknown(self) -> bool:
+        """No step of this name can be found here: it may be unsafe to repeat."""
+        return self.unsafe == registry.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,8 @@ class Cut:
 
     @property
     def unsafe(self) -> tuple[CutRow, ...]:
-        """The discarded rows whose step is unsafe to repeat (their effects happen again)."""
+        """The discarded rows whose step is, or may be, unsafe to repeat (their
+        effects happen again): the cut needs a confirmation."""
         return tuple(row for row in self.discarded if row.unsafe)
 
 
@@ -272,13 +284,12 @@ def _why_after(at: list[str], i: int | None) -> str:
 
 
 def _unsafe_lookup():
-    """``unsafe(name)``, asking the registry once per function name."""
-    seen: dict[str, bool] = {}
+    """``unsafe(name)``: ``registry.repeat_risk``, asked once per function name."""
+    seen: dict[str, str] = {}
 
-    def unsafe(name: str) -> bool:
+    def unsafe(name: str) -> str:
         if name not in seen:
-            spec = registry.get_step(name)
-            seen[name] = spec is not None and spec.unsafe_to_repeat
+            seen[name] = registry.repeat_risk(name)
         return seen[name]
 
     return unsafe
@@ -301,7 +312,7 @@ def _check_seen(cut: Cut, expected_mark: str | None) -> None:
 
 def _check_unsafe(cut: Cut, confirmed: bool, doing: str) -> None:
     if cut.unsafe and not confirmed:
-        names = ", ".join(f"{row.step_id} ({row.name})" for row in cut.unsafe)
+        names = ", ".join(f"{row.step_id} ({row.named})" for row in cut.unsafe)
         raise EverystepError(
             f"run {cut.run_id}: {doing} from step {cut.step.step_id} runs again "
             f"{len(cut.unsafe)} unsafe-to-repeat step{'s' if len(cut.unsafe) > 1 else ''} whose "

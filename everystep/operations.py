@@ -116,13 +116,14 @@ REQUEUEABLE = (Status.RUNNING,)
 
 @dataclass(frozen=True)
 class DiscardedStep:
-    """A step row that a retry deletes; ``unsafe`` when its function is unsafe to repeat."""
+    """A step row that a retry deletes; ``unsafe``: ``registry.repeat_risk`` of
+    its function (empty when it is safe to repeat)."""
 
     id: int
     step_id: str
     name: str
     status: str
-    unsafe: bool
+    unsafe: str
 
 
 def stop_run(run_id, *, actor: str | None = None, expected_status: str | None = None) -> Workflow:
@@ -191,13 +192,9 @@ def _discardable(run_id) -> list[DiscardedStep]:
         return []
     rows = steps.filter(id__gte=first_failed).values_list("id", "step_id", "name", "status")
     return [
-        DiscardedStep(pk, step_id, name, status, _is_unsafe(name)) for pk, step_id, name, status in rows
+        DiscardedStep(pk, step_id, name, status, registry.repeat_risk(name))
+        for pk, step_id, name, status in rows
     ]
-
-
-def _is_unsafe(step_name: str) -> bool:
-    spec = registry.get_step(step_name)
-    return spec is not None and spec.unsafe_to_repeat
 
 
 def requeue_run(

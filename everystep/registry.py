@@ -101,6 +101,30 @@ def get_step(name: str) -> Spec | None:
     return _lookup(_steps, name)
 
 
+# How an operator's preview names a step row whose function would run again
+# (``repeat_risk``): a recorded effect of such a step happens twice.
+UNSAFE = "unsafe to repeat"
+UNKNOWN = "may be unsafe to repeat (its function cannot be found here)"
+ENGINE_PREFIX = "everystep."  # the engine's own rows (waits, a task's start): no effect of a user's
+
+
+def repeat_risk(name: str) -> str:
+    """Why running the step recorded as ``name`` again may repeat an effect
+    that must not be: ``UNSAFE`` for a step marked ``unsafe_to_repeat``,
+    ``UNKNOWN`` when no step of that name can be found in this process (its
+    module fails to import here, or was renamed or moved): nothing says it is
+    safe, so it gets the same confirmation. Empty for a step safe to repeat,
+    and for the rows the engine writes itself."""
+    if name.startswith(ENGINE_PREFIX):
+        return ""
+    spec = get_step(name)
+    if spec is not None:
+        return UNSAFE if spec.unsafe_to_repeat else ""
+    # A start_child row is named after the child's workflow; started again, it
+    # finds the same child by its key.
+    return "" if get_workflow(name) is not None else UNKNOWN
+
+
 def import_failure(name: str) -> ImportFailure | None:
     """The recorded failure of the module ``name`` lives in (or of a package above it)."""
     with _lock:

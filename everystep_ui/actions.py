@@ -124,7 +124,7 @@ def _after_fork(request, model_admin, run, form) -> str:
 
 def describe_cut(cut, done: str = "discarded") -> str:
     rows = ", ".join(
-        f"{row.step_id} {row.name} ({row.status}{', unsafe to repeat' if row.unsafe else ''})"
+        f"{row.step_id} {row.name} ({row.status}{', ' + row.unsafe if row.unsafe else ''})"
         for row in cut.discarded
     )
     count = len(cut.discarded)
@@ -139,7 +139,7 @@ def describe_discarded(discarded) -> str:
     if not discarded:
         return "no step row discarded"
     rows = ", ".join(
-        f"{row.step_id} {row.name} ({row.status}{', unsafe to repeat' if row.unsafe else ''})"
+        f"{row.step_id} {row.name} ({row.status}{', ' + row.unsafe if row.unsafe else ''})"
         for row in discarded
     )
     return f"discarded {len(discarded)} step row{'s' if len(discarded) > 1 else ''}: {rows}"

@@ -124,7 +124,7 @@ class StepCutForm(RunActionForm):
         super().__init__(data, run=run)
         unsafe = cut.unsafe if cut is not None else ()
         if unsafe:
-            names = ", ".join(f"{row.name} (step {row.step_id})" for row in unsafe)
+            names = ", ".join(f"{row.named} (step {row.step_id})" for row in unsafe)
             what = "this unsafe-to-repeat step" if len(unsafe) == 1 else "these unsafe-to-repeat steps"
             self.fields["confirm_unsafe"].label = (
                 f"Yes, run {what} again, although its effect may happen twice: {names}"

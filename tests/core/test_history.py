@@ -76,10 +76,10 @@ def test_the_cut_keeps_a_branch_running_alongside_and_discards_what_depends_on_t
     cut = history.rerun_preview(run.pk, "fan.0.2")
 
     assert [(row.step_id, row.why, row.unsafe) for row in cut.discarded] == [
-        ("fan.0.2", "the chosen step", False),
-        ("fan.0.3", "later in branch fan.0", False),
-        ("3", BRANCH_0, True),
-        ("4", BRANCH_0, False),
+        ("fan.0.2", "the chosen step", ""),
+        ("fan.0.3", "later in branch fan.0", ""),
+        ("3", BRANCH_0, "unsafe to repeat"),
+        ("4", BRANCH_0, ""),
     ]
     assert cut.step.step_id == "fan.0.2" and cut.step.status == "done"
     alongside = {row.step_id: row.why for row in cut.alongside}
@@ -239,6 +239,30 @@ def test_unsafe_steps_that_would_run_again_need_a_confirmation_naming_them():
         "that these effects may happen again to go ahead."
     )
     assert snapshot(run) == before
+
+
+def test_a_step_whose_function_cannot_be_found_here_needs_the_same_confirmation():
+    """Its module fails to import in this process, or it was renamed or moved:
+    nothing says it is safe to repeat, so cutting before it is confirmed as
+    for an unsafe step (the engine's own rows, such as a wait's, are not)."""
+    run = run_workflow(w.three_steps)
+    Step.objects.filter(workflow=run, step_id="3").update(name="gone.module.charge")
+    before = snapshot(run)
+    unknown = "may be unsafe to repeat (its function cannot be found here)"
+    assert [row.unsafe for row in history.rerun_preview(run.pk, "2").unsafe] == [unknown]
+    for cut_at, doing in ((history.rerun_from_step, "re-running"), (history.fork_from_step, "forking")):
+        with pytest.raises(EverystepError) as refused:
+            cut_at(run.pk, "2")
+        assert str(refused.value) == (
+            f"run {run.pk}: {doing} from step 2 runs again 1 unsafe-to-repeat step whose effect already "
+            f"happened or may have: 3 (gone.module.charge, {unknown}). Nothing was changed; confirm "
+            "that these effects may happen again to go ahead."
+        )
+    assert snapshot(run) == before and not RunFork.objects.exists()
+
+    cut = history.rerun_from_step(run.pk, "2", confirm_unsafe=True)
+    assert [row.step_id for row in cut.discarded] == ["2", "3"]
+    assert Workflow.objects.get(pk=run.pk).status == "scheduled"
 
 
 @pytest.mark.parametrize("status", ["scheduled", "running", "blocked"])

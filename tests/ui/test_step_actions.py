@@ -165,6 +165,26 @@ def test_unsafe_steps_are_named_and_need_a_second_confirmation(admin_client, fan
     assert f"2.1.1 {CHARGE} (done, unsafe to repeat)" in entry.change_message
 
 
+def test_a_step_whose_function_cannot_be_found_here_is_confirmed_as_unsafe(admin_client, make_run):
+    """The web process may not import every worker module: nothing then says
+    the step is safe to repeat, and the operator is asked as for an unsafe one."""
+    gone = "gone.module.charge"
+    steps = [{"step_id": "1", "name": FETCH}, {"step_id": "2", "name": gone}]
+    run = make_run(name=CHECKOUT, status="completed", steps=steps)
+    unknown = "may be unsafe to repeat (its function cannot be found here)"
+    page = admin_client.get(url(run, step_of(run, "1"), "fork")).text
+    assert f"<td><strong>{unknown}:</strong> its effect will happen again</td>" in page
+    warning = page.split('class="es-note es-unsafe-warning"')[1].split("</div>")[0]
+    assert f"<li><code>{gone}</code> (step <code>2</code>, done, {unknown})</li>" in warning
+    assert f"its effect may happen twice: {gone}, {unknown} (step 2)" in page
+
+    response = post(admin_client, run, "1", "fork")
+    assert response.status_code == 200 and "Tick this to confirm" in response.text
+    assert not RunFork.objects.exists() and history_of(run) == []
+    response = post(admin_client, run, "1", "fork", confirm_unsafe="on")
+    assert response.status_code == 302 and RunFork.objects.filter(origin_id=run.pk).count() == 1
+
+
 # ---------------------------------------------------------------- acting
 
 

@@ -102,10 +102,10 @@ def test_retry_discards_from_the_first_failed_step_onward():
 
     assert discarded == preview
     assert [(d.step_id, d.status, d.unsafe) for d in discarded] == [
-        ("2", "failed", False),
-        ("3", "done", False),
-        ("4", "started", True),
-        ("5", "failed", False),
+        ("2", "failed", ""),
+        ("3", "done", ""),
+        ("4", "started", "unsafe to repeat"),
+        ("5", "failed", ""),
     ]
     assert discarded[0].id == failed.id and discarded[0].name == FAIL
     row = Workflow.objects.get(id=run.id)
@@ -348,10 +348,11 @@ def test_prune_refuses_bad_arguments():
         operations.prune(older_than=dt.timedelta(days=1), statuses=[])
 
 
-def test_preview_flags_unsafe_steps_by_the_registry():
+def test_preview_flags_unsafe_steps_by_the_registry_and_steps_it_cannot_find():
     assert w.charge.__everystep__.unsafe_to_repeat
     run = make_run(S.FAILED)
     add_step(run, "1", status="failed", name=FAIL)
     add_step(run, "2", status="started", name=CHARGE)
     add_step(run, "3", status="done", name="gone.module.step")
-    assert [d.unsafe for d in operations.retry_preview(run.id)] == [False, True, False]
+    unsafe = [d.unsafe for d in operations.retry_preview(run.id)]
+    assert unsafe == ["", "unsafe to repeat", "may be unsafe to repeat (its function cannot be found here)"]

@@ -14,7 +14,7 @@ def describe_cut(cut, participle: str, *, negated: bool = False, dry_run: bool) 
     lines = [f"run {cut.run_id} cut at step {cut.step.step_id}: {len(cut.kept)} step rows kept"]
     lines.append(f"{count} step row{'s' if count != 1 else ''} {verb} {participle}:")
     for row in cut.discarded:
-        unsafe = " [unsafe to repeat: its effect happens again]" if row.unsafe else ""
+        unsafe = f" [{row.unsafe}: its effect happens again]" if row.unsafe else ""
         lines.append(f"  {row.step_id}  {row.name}  ({row.status}; {row.why}){unsafe}")
     for row in cut.alongside:
         lines.append(f"  kept {row.step_id}  {row.name}  ({row.status}; {row.why})")
