@@ -35,6 +35,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import uuid6
+
 from . import database, registry, waits
 from .errors import EverystepError
 from .models import RunFork, Step, Workflow
@@ -169,6 +171,17 @@ def rerun_from_step(
     return cut
 
 
+class AlreadyForked(EverystepError):
+    """``fork_from_step`` was asked again for the fork it made as ``fork_id``
+    (a confirmation sent twice): nothing more was made."""
+
+    def __init__(self, run_id, fork_id):
+        super().__init__(
+            f"run {run_id} was already forked into run {fork_id} by this request; nothing was changed"
+        )
+        self.fork_id = fork_id
+
+
 def fork_from_step(
     run_id,
     step_id: str,
@@ -176,6 +189,7 @@ def fork_from_step(
     expected_status: str | None = None,
     expected_mark: str | None = None,
     confirm_unsafe: bool = False,
+    fork_id=None,
 ) -> tuple[Workflow, Cut]:
     """A new ``scheduled`` run of the same workflow with the same arguments,
     whose history holds copies of the rows of ``run_id`` kept by cutting it at
@@ -189,17 +203,27 @@ def fork_from_step(
     Refuses, writing nothing, as :func:`rerun_from_step` does; the origin must
     have ended (``completed``, ``failed``, ``stopped`` or ``blocked``).
     Returns the new run and the cut.
+
+    ``fork_id``, the new run's id chosen by the caller, makes a request sent
+    twice (an operator's confirmation posted again) make one fork: the second
+    call raises :class:`AlreadyForked`, writing nothing.
     """
     run_id = parse_run_id(run_id)
+    fork_id = uuid6.uuid7() if fork_id is None else parse_run_id(fork_id)
     statuses = _allowed_from(run_id, expected_status, FORKABLE, "forked")
     with database.atomic():
         origin = Workflow.objects.select_for_update().filter(id=run_id).only("name", "args", "status").first()
+        # Under the origin's lock: a second request waits for the first one's fork.
+        if Workflow.objects.filter(id=fork_id).exists():
+            if RunFork.objects.filter(run_id=fork_id, origin_id=run_id).exists():
+                raise AlreadyForked(run_id, fork_id)
+            raise EverystepError(f"the fork's id {fork_id} is another run's; nothing was changed")
         if origin is None or origin.status not in statuses:
             raise _refusal(run_id, expected_status, FORKABLE, "forked")
         cut = _cut(run_id, origin.status, step_id, fork=True)
         _check_seen(cut, expected_mark)
         _check_unsafe(cut, confirm_unsafe, "forking")
-        fork = Workflow.objects.create(name=origin.name, args=origin.args)
+        fork = Workflow.objects.create(id=fork_id, name=origin.name, args=origin.args)
         _copy_rows(run_id, fork.id, cut)
         RunFork.objects.create(run=fork, origin_id=run_id, origin_step_id=cut.step.step_id)
         notify_scheduled()

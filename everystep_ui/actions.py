@@ -26,7 +26,7 @@ from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
 from . import display, views
-from .forms import RequeueForm, ResolveForm, RunActionForm, SendEventForm, StepCutForm, StopForm
+from .forms import ForkForm, RequeueForm, ResolveForm, RunActionForm, SendEventForm, StepCutForm, StopForm
 
 Status = Workflow.Status
 BULK_REFUSALS_SHOWN = 5
@@ -177,7 +177,7 @@ ACTIONS = {
             preview=history.rerun_preview,
         ),
         RunAction(
-            "fork", "Fork from here", "forked", history.FORKABLE, _fork, StepCutForm,
+            "fork", "Fork from here", "forked", history.FORKABLE, _fork, ForkForm,
             preview=history.fork_preview, after=_after_fork,
         ),
     ]
@@ -254,6 +254,9 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
         if form.is_valid():
             try:
                 change = _perform(request, model_admin, action, run, form.cleaned_data["seen_status"], form)
+            except history.AlreadyForked as exc:  # the confirmation was posted twice: show the fork
+                model_admin.message_user(request, str(exc), messages.WARNING)
+                return _back_to(request, model_admin.page_url(request, "run", exc.fork_id))
             except EverystepError as exc:
                 model_admin.message_user(request, str(exc), messages.WARNING)
             else:

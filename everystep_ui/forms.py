@@ -1,5 +1,6 @@
 """The forms the operator actions post."""
 
+import uuid6
 from django import forms
 
 from everystep import children, serde, waits
@@ -161,6 +162,19 @@ class StepCutForm(RunActionForm):
             "expected_mark": self.cleaned_data["seen_mark"],
             "confirm_unsafe": self.cleaned_data.get("confirm_unsafe", False),
         }
+
+
+class ForkForm(StepCutForm):
+    """Fork from a step also carries the new run's id, chosen when the
+    confirmation is shown: the form posted twice makes one fork."""
+
+    fork_id = forms.UUIDField(widget=forms.HiddenInput)
+
+    def seen(self, run) -> dict:
+        return {**super().seen(run), "fork_id": uuid6.uuid7()}
+
+    def seen_cut(self, seen_status: str) -> dict:
+        return {**super().seen_cut(seen_status), "fork_id": self.cleaned_data["fork_id"]}
 
 
 class ResolveForm(RunActionForm):

@@ -557,6 +557,36 @@ def test_a_fork_and_a_rerun_at_once_the_fork_copies_the_history_it_locked(monkey
     assert rows(run) == [] and len(cut.discarded) == 10
 
 
+def test_a_fork_requested_twice_at_once_is_made_once(monkeypatch):
+    """The same request (``fork_id``) sent twice: the second waits for the
+    origin's lock, then finds the first one's fork and writes nothing."""
+    run = completed_interleaved()
+    fork_id = uuid.uuid4()
+    first = Holder(monkeypatch, lambda: history.fork_from_step(run.pk, "4", fork_id=fork_id))
+    second = concurrently(lambda: history.fork_from_step(run.pk, "4", fork_id=fork_id))
+    wait_for_a_lock_wait("the second fork to wait for the run's lock")
+    first.release()
+    result, error = second()
+    assert first.error is None and first.result[0].pk == fork_id and result is None
+    assert isinstance(error, history.AlreadyForked) and error.fork_id == fork_id
+    assert str(error) == (
+        f"run {run.pk} was already forked into run {fork_id} by this request; nothing was changed"
+    )
+    assert RunFork.objects.get().run_id == fork_id and Workflow.objects.count() == 2
+    assert Step.objects.filter(workflow_id=fork_id).count() == 9
+
+
+def test_a_fork_id_that_is_another_run_is_refused():
+    run = completed_interleaved()
+    other = run_workflow(w.three_steps)
+    taken = f"the fork's id {other.pk} is another run's; nothing was changed"
+    with pytest.raises(EverystepError, match=taken):
+        history.fork_from_step(run.pk, "4", fork_id=other.pk)
+    with pytest.raises(EverystepError, match="'nope' is not a valid run id"):
+        history.fork_from_step(run.pk, "4", fork_id="nope")
+    assert Workflow.objects.count() == 2 and not RunFork.objects.exists()
+
+
 def test_a_fork_after_a_rerun_committed_is_refused(monkeypatch):
     run = completed_interleaved()
     cut = history.fork_preview(run.pk, "4")

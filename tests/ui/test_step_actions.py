@@ -57,8 +57,11 @@ def run_page(run, mount=MOUNT):
 
 
 def seen(run, action="rerun", step_id="2.0.1") -> dict:
-    preview = history.rerun_preview if action == "rerun" else history.fork_preview
-    return {"seen_status": run.status, "seen_mark": preview(run.pk, step_id).mark}
+    if action == "rerun":
+        return {"seen_status": run.status, "seen_mark": history.rerun_preview(run.pk, step_id).mark}
+    # A fork's confirmation also names the run it makes.
+    return {"seen_status": run.status, "seen_mark": history.fork_preview(run.pk, step_id).mark,
+            "fork_id": str(uuid.uuid4())}
 
 
 def post(client, run, step_id, action="rerun", **data):
@@ -244,6 +247,31 @@ def test_fork_creates_the_run_links_both_ways_and_logs_on_both(admin_client, fan
     forks_row = origin_page.split('class="es-forks"')[1].split("</tr>")[0]
     assert f'<a href="{run_page(fork)}"><code title="{fork.pk}">' in forks_row
     assert "from step <code>2.0.2</code>" in forks_row and "es-status-scheduled" in forks_row
+
+
+def test_a_fork_confirmation_posted_twice_makes_one_fork(admin_client, fanned):
+    """A double click, or the browser sending the form again: the confirmation
+    names the run it makes, so the second post finds it and goes there."""
+    run = fanned()
+    page = admin_client.get(url(run, step_of(run, "3"), "fork")).text
+    fork_id = re.search(r'<input type="hidden" name="fork_id" value="([^"]+)"', page)[1]
+    form = {**seen(run, "fork", "3"), "fork_id": fork_id}
+    first = admin_client.post(url(run, step_of(run, "3"), "fork"), form)
+    again = admin_client.post(url(run, step_of(run, "3"), "fork"), form, **HTMX)
+
+    fork = Workflow.objects.exclude(pk=run.pk).get()
+    assert str(fork.pk) == fork_id and RunFork.objects.count() == 1
+    assert first["Location"] == run_page(fork) and again["HX-Redirect"] == run_page(fork)
+    # The fork's page then says both: what the first post did, and that the second did nothing.
+    forked, already = messages_of(again)
+    assert forked.startswith(f"Run {run.pk}: Forked from step 3 into run {fork.pk}")
+    assert already == (
+        f"run {run.pk} was already forked into run {fork.pk} by this request; nothing was changed"
+    )
+    assert len(history_of(run)) == 1 and len(history_of(fork)) == 1
+    # Another confirmation makes another fork.
+    assert post(admin_client, run, "3", "fork").status_code == 302
+    assert RunFork.objects.filter(origin_id=run.pk).count() == 2
 
 
 def test_a_fork_whose_origin_was_deleted_says_so(admin_client, fanned):
