@@ -110,6 +110,15 @@ class RequeueForm(RunActionForm):
             return status_changed
         return f"it is running under {self.run.claimed_by} now, not {seen}"
 
+    def clean(self):
+        # Empty is a claimer seen (none); missing would requeue whoever runs it now.
+        if "seen_claimer" not in self.data:
+            raise forms.ValidationError(
+                "The form does not say which worker you saw running the run; nothing was changed. "
+                "Reload the page and confirm again."
+            )
+        return super().clean()
+
 
 class StepCutForm(RunActionForm):
     """Re-run from a step and Fork from a step also carry the step rows as

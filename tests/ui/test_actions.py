@@ -322,6 +322,16 @@ def test_requeue_leaves_alone_a_run_another_worker_claimed_since(admin_client, r
     assert history(run) == []
 
 
+def test_a_requeue_post_without_the_claimer_seen_is_refused(admin_client, run_in):
+    """Only a hand-made request leaves the field out: requeueing whoever runs
+    the run now is not what the operator confirmed."""
+    run = run_in("running", claimed_by="worker-alive")
+    response = admin_client.post(url(run, "requeue"), {"seen_status": "running"})
+    assert response.status_code == 200
+    assert "The form does not say which worker you saw running the run; nothing was changed." in response.text
+    assert Workflow.objects.get(pk=run.pk).claimed_by == "worker-alive" and history(run) == []
+
+
 def test_requeue_is_guarded_on_the_claimer_seen(run_in):
     """The guarded UPDATE itself, for a worker that claims the run after the page's check."""
     run = run_in("running", claimed_by="worker-alive")
