@@ -13,6 +13,7 @@ one a run makes no span at all, and when the run was sampled out its span is
 not recording, and its steps and forks then make none.
 """
 
+import logging
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
@@ -21,6 +22,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from ..errors import DrainOrphan, EffectUncertain, SimulatedCrash, Suspended, Terminal
 
+logger = logging.getLogger("everystep")
+
 # A proxy until the project sets its provider, then that provider's tracer.
 tracer = trace.get_tracer("everystep")
 
@@ -28,11 +31,37 @@ _CONTROL = (Terminal, EffectUncertain, DrainOrphan, SimulatedCrash, Suspended)
 _NOT_RECORDED = "not_recorded"  # the run's end was not written (fenced, simulated crash)
 
 
+@contextmanager
 def _quiet_span(name: str, attributes: dict):
-    # The API would mark any exception as an error; Terminal and friends are not.
-    return tracer.start_as_current_span(
+    """The span, current inside the block. The API would mark any exception
+    as an error; Terminal and friends are not.
+
+    Starting and ending a span calls the project's span processors, which the
+    OpenTelemetry spec says must not raise. One that does anyway is logged and
+    its span given up: a step that ran stays done, its run goes on."""
+    span_cm = tracer.start_as_current_span(
         name, attributes=attributes, record_exception=False, set_status_on_exception=False
     )
+    try:
+        span = span_cm.__enter__()
+    except Exception:
+        logger.warning("could not trace %s: starting its span raised", name, exc_info=True)
+        yield trace.INVALID_SPAN
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        _end(span_cm, name, exc)
+        raise
+    _end(span_cm, name, None)
+
+
+def _end(span_cm, name: str, exc: BaseException | None) -> None:
+    try:
+        span_cm.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+    except Exception as raised:
+        if raised is not exc:  # the block's own exception passes on; a processor's is logged
+            logger.warning("could not trace %s: ending its span raised", name, exc_info=True)
 
 
 def _fail(span, exc: BaseException) -> None:

@@ -1,7 +1,11 @@
+from collections import Counter
+
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
 
+from everystep.models import Step
 from tests.core import workflows as w
 from tests.helpers import run_workflow
 from tests.observability import support
@@ -146,3 +150,37 @@ def test_without_a_tracer_provider_a_run_starts_no_span(spans, monkeypatch):
     assert run_workflow(w.failing).status == "failed"
     assert started == []
     assert spans.get_finished_spans() == ()
+
+
+class _Raising(SpanProcessor):
+    """A span processor that raises where it is told to (the spec says a
+    processor must not; a buggy one in a project still must not change a run)."""
+
+    at: set = set()
+
+    def on_start(self, span, parent_context=None):
+        if "start" in self.at and span.name == RECORD:
+            raise RuntimeError("processor failed on start")
+
+    def on_end(self, span):
+        if "end" in self.at and span.name in (RECORD, w.three_steps.__everystep__.name):
+            raise RuntimeError("processor failed on end")
+
+
+@pytest.fixture
+def raising_processor(_tracer_provider):
+    processor = _Raising()
+    trace.get_tracer_provider().add_span_processor(processor)
+    yield processor
+    processor.at = set()
+
+
+@pytest.mark.parametrize("where", [{"start"}, {"end"}, {"start", "end"}])
+def test_a_span_processor_that_raises_changes_nothing_the_run_does(spans, raising_processor, where, caplog):
+    raising_processor.at = where
+    row = run_workflow(w.three_steps)
+    assert (row.status, row.result) == ("completed", ["a", "b", "c"])
+    steps = Step.objects.filter(workflow_id=row.id).order_by("id")
+    assert list(steps.values_list("step_id", "status")) == [("1", "done"), ("2", "done"), ("3", "done")]
+    assert w.effects == Counter(["a", "b", "c"])
+    assert "could not trace" in caplog.text and "processor failed on" in caplog.text
