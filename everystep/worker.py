@@ -73,6 +73,9 @@ PROBE_CHANNEL = "everystep_probe"
 PROBE_TIMEOUT = 5.0
 
 
+MAX_POLL = 86400  # seconds: the longest poll interval a worker accepts
+
+
 class _Waker:
     """Wakes the claim loop. ``wake()`` is a socket write, safe from a signal
     handler (a ``threading.Event`` takes a lock the interrupted thread may hold)."""
@@ -179,6 +182,12 @@ class Worker:
             raise EverystepError(f"the poll interval must be a finite number of seconds, got {poll}")
         if poll <= 0:
             raise EverystepError(f"the poll interval must be positive, got {poll}")
+        # Also the first back-off after a failed claim: a wait of some 300 years
+        # would overflow select() and end the claim loop.
+        if poll > MAX_POLL:
+            raise EverystepError(
+                f"the poll interval must be at most {MAX_POLL} seconds (a day), got {poll:g}"
+            )
         if not math.isfinite(drain):
             raise EverystepError(
                 f"the drain timeout must be a finite number of seconds (0 waits forever), got {drain}"

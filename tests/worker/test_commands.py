@@ -43,6 +43,7 @@ def run_command(*args) -> str:
         (["--pool", "0"], "pool size must be at least 1"),
         (["--poll", "0"], "poll interval must be positive"),
         (["--poll", "nan"], "poll interval must be a finite number"),  # not an idle busy loop
+        (["--poll", "1e10"], r"poll interval must be at most 86400 seconds \(a day\), got 1e\+10"),
         (["--drain", "-1"], "drain timeout must not be negative"),
         (["--drain", "nan"], "drain timeout must be a finite number"),  # not a drain that never ends
         (["--name", " "], "--name must not be empty"),
