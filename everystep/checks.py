@@ -36,7 +36,7 @@ def check_everystep_database(app_configs, **kwargs):
     """``EVERYSTEP_DATABASE`` names a configured alias, and ``migrate`` puts the
     tables there only."""
     alias = database.alias()
-    if alias not in settings.DATABASES:
+    if not database.is_alias(alias):
         return [
             checks.Error(
                 f"EVERYSTEP_DATABASE is {alias!r}, which is not an alias of DATABASES "
@@ -65,7 +65,7 @@ def check_everystep_database(app_configs, **kwargs):
 def check_sqlite_concurrency(app_configs, **kwargs):
     """A worker and the web process share an SQLite file only with WAL and a busy timeout."""
     alias = database.alias()
-    db = settings.DATABASES.get(alias, {})
+    db = settings.DATABASES[alias] if database.is_alias(alias) else {}  # else E003
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return []
     options = db.get("OPTIONS", {})
@@ -157,7 +157,7 @@ def check_listen_database(app_configs, **kwargs):
         "Set EVERYSTEP_LISTEN_DATABASE to the alias of a direct connection (not through PgBouncer) "
         "to the PostgreSQL database that holds everystep's tables, or leave it unset."
     )
-    if listen not in settings.DATABASES:
+    if not database.is_alias(listen):
         return [
             checks.Error(
                 f"EVERYSTEP_LISTEN_DATABASE is {listen!r}, which is not an alias of DATABASES "
@@ -186,10 +186,10 @@ def check_prepare_threshold(app_configs, **kwargs):
     PgBouncer also drops everystep's prepared statements (see
     ``statements.execute``). Django's cursors bind on the client and are never
     prepared, whatever ``prepare_threshold`` says, unless ``server_side_binding``."""
-    if not statements.prepared_statements():
-        return []  # everystep prepares nothing: a DEALLOCATE ALL drops nothing of its own
+    if statements.prepared_statements() is not True:
+        return []  # everystep prepares nothing (or E012 says the setting is not a boolean)
     alias = database.alias()
-    db = settings.DATABASES.get(alias, {})
+    db = settings.DATABASES[alias] if database.is_alias(alias) else {}  # else E003
     options = db.get("OPTIONS") or {}
     if options.get("prepare_threshold") is None or options.get("server_side_binding") is not True:
         return []
@@ -209,6 +209,22 @@ def check_prepare_threshold(app_configs, **kwargs):
                 "to SILENCED_SYSTEM_CHECKS."
             ),
             id="everystep.W003",
+        )
+    ]
+
+
+@checks.register()
+def check_prepared_statements_setting(app_configs, **kwargs):
+    """``EVERYSTEP_PREPARED_STATEMENTS`` is True or False: a string read from the
+    environment ("False") would be truthy and keep them on."""
+    value = statements.prepared_statements()
+    if isinstance(value, bool):
+        return []
+    return [
+        checks.Error(
+            f"EVERYSTEP_PREPARED_STATEMENTS is {value!r}, not True or False.",
+            hint="Set it to False behind PgBouncer before 1.21 in transaction pooling; else leave it unset.",
+            id="everystep.E012",
         )
     ]
 

@@ -53,6 +53,12 @@ def reading_from(read_alias: str | None):
         _reads.reset(token)
 
 
+def is_alias(value) -> bool:
+    """Whether a setting's ``value`` names an alias of ``DATABASES`` (a list or
+    a dict, say, does not, and cannot be looked up there)."""
+    return isinstance(value, str) and value in settings.DATABASES
+
+
 def listen_alias() -> str:
     """The alias of ``DATABASES`` whose settings the workers' LISTEN connection uses."""
     return getattr(settings, "EVERYSTEP_LISTEN_DATABASE", None) or alias()

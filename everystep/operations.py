@@ -112,6 +112,9 @@ def resolve_step(
 STOPPABLE = (Status.SCHEDULED, Status.RUNNING, Status.BLOCKED, Status.WAITING)
 RETRYABLE = (Status.FAILED, Status.STOPPED)
 REQUEUEABLE = (Status.RUNNING,)
+# A batch is one SELECT ... LIMIT and one DELETE of that many ids: a bigger one
+# holds its locks longer for no gain (and past 2**63 no database takes the LIMIT).
+MAX_PRUNE_BATCH = 100_000
 
 
 @dataclass(frozen=True)
@@ -373,8 +376,8 @@ def prune(
     Returns how many runs were deleted (or would be, with ``dry_run``).
     """
     statuses = _prunable(statuses)
-    if batch < 1:
-        raise EverystepError(f"the batch size must be at least 1, got {batch}")
+    if not 1 <= batch <= MAX_PRUNE_BATCH:
+        raise EverystepError(f"the batch size must be 1 to {MAX_PRUNE_BATCH:,}, got {batch}")
     if older_than < dt.timedelta(0):
         raise EverystepError("the age cutoff must not be negative")
     if older_than > dt.timedelta(days=PRUNE_MAX_DAYS):

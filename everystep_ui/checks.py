@@ -4,6 +4,8 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 
+from everystep import database
+
 HTMX_MIDDLEWARE = "django_htmx.middleware.HtmxMiddleware"
 
 
@@ -33,7 +35,7 @@ def check_htmx(app_configs, **kwargs):
 @checks.register()
 def check_read_database(app_configs, **kwargs):
     alias = getattr(settings, "EVERYSTEP_UI_READ_DATABASE", None)
-    if alias is None or alias in settings.DATABASES:
+    if alias is None or database.is_alias(alias):
         return []
     return [
         checks.Error(

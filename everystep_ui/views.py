@@ -375,7 +375,7 @@ def claimer_heartbeat(run: Workflow) -> ClaimerHeartbeat | None:
         age=display.format_duration(max(age, dt.timedelta(0))),
         stale=stale,
         executing=[] if stale else _executing(executing, run),
-        interval=f"{heartbeats.interval():g} s",
+        interval=f"{float(heartbeats.interval()):g} s",  # any real number the checks accept
     )
 
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
+from django.core.checks import run_checks
 from django.db import connections, transaction
 from django.test import override_settings
 
@@ -35,6 +36,23 @@ def test_an_unknown_alias_is_a_check_error():
         errors = checks.check_everystep_database(None)
     assert ids(errors) == ["everystep.E003"]
     assert "'jobs'" in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "setting, check_id",
+    [
+        ("EVERYSTEP_DATABASE", "everystep.E003"),
+        ("EVERYSTEP_LISTEN_DATABASE", "everystep.E010"),
+        ("EVERYSTEP_UI_READ_DATABASE", "everystep_ui.E003"),
+    ],
+)
+@pytest.mark.parametrize("value", [["default"], {"alias": "default"}])
+def test_an_alias_setting_written_as_a_list_or_a_dict_is_named_by_its_check(setting, check_id, value):
+    # Not "unhashable type" from inside the checks, which stopped every command that runs them.
+    with override_settings(**{setting: value}):
+        found = [error for error in run_checks() if (error.id or "").startswith("everystep")]
+    assert [(error.id, f"{setting} " in error.msg) for error in found] == [(check_id, True)]
+    assert repr(value) in found[0].msg
 
 
 def test_the_test_settings_pass_the_checks():

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 from django.conf import settings
+from django.core.checks import run_checks
 from django.db import DatabaseError, IntegrityError, OperationalError, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -122,6 +123,15 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler():
     run = run_workflow(w.sequential, 3)
     assert run.status == "completed" and run.steps.count() == 3
     assert prepared_statements() == []
+
+
+@pytest.mark.parametrize("value", ["False", "0", None, 0])
+def test_a_prepared_statements_setting_that_is_not_a_boolean_is_a_check_error(value):
+    # "False" read from the environment is truthy: the statements would stay on.
+    with override_settings(EVERYSTEP_PREPARED_STATEMENTS=value):
+        errors = [error for error in run_checks() if (error.id or "").startswith("everystep")]
+    assert [error.id for error in errors] == ["everystep.E012"]
+    assert errors[0].msg == f"EVERYSTEP_PREPARED_STATEMENTS is {value!r}, not True or False."
 
 
 # On an autocommit PostgreSQL connection (a worker's), the step insert goes

@@ -1,6 +1,7 @@
 """The run page: facts, outcome, the step tree, live polling, intended steps."""
 
 import datetime as dt
+import fractions
 import json
 import re
 import sys
@@ -537,6 +538,14 @@ def test_a_heartbeat_of_another_shape_breaks_no_page(admin_client, make_run, exe
     page, poll = admin_client.get(run_page(run)), admin_client.get(run_page(run), **HTMX)
     assert (page.status_code, poll.status_code) == (200, 200)
     assert "es-claimer-heartbeat" in poll.text
+
+
+def test_a_heartbeat_interval_of_any_real_type_the_checks_accept_is_shown(admin_client, make_run, settings):
+    settings.EVERYSTEP_HEARTBEAT_INTERVAL = fractions.Fraction(1, 2)  # not formattable with :g
+    settings.EVERYSTEP_RECOVER_STALE_AFTER = None
+    run = make_run(status="running", claimed_by="worker-a")
+    heartbeat("worker-a", executing={str(run.pk): []})
+    assert "(it reports every 0.5 s;" in admin_client.get(run_page(run)).text
 
 
 def test_an_error_nested_as_deep_as_json_can_read_still_opens_the_page(admin_client, make_run):

@@ -1,6 +1,7 @@
 """Operator transitions on waiting runs: wake_now, stop, requeue, retry,
 resolve and the management commands."""
 
+import datetime as dt
 import uuid
 
 import pytest
@@ -106,6 +107,16 @@ def test_the_event_command_prints_the_refusal_of_a_missing_run():
     missing = uuid.uuid4()
     with pytest.raises(CommandError, match=f"run {missing} does not exist"):
         call_command("everystep_send_event", str(missing), "k")
+
+
+def test_the_event_command_reads_the_value_as_the_ui_does():
+    # Tagged values decoded; JSON nested too deeply refused (it was a RecursionError traceback).
+    waiter = run_once(schedule(w.awaits, "k", None))
+    with pytest.raises(CommandError, match="--value is not valid JSON: the JSON is nested too deeply"):
+        call_command("everystep_send_event", str(waiter.id), "k", "--value", "[" * 5000 + "]" * 5000)
+    assert Workflow.objects.get(id=waiter.id).status == "waiting"
+    call_command("everystep_send_event", str(waiter.id), "k", "--value", '{"$es": "date", "v": "2024-05-01"}')
+    assert resume(waiter).result == dt.date(2024, 5, 1)
 
 
 def test_the_event_command_refuses_a_nul_in_the_key():

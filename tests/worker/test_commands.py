@@ -171,7 +171,9 @@ def test_prune_dry_run_then_delete():
         (["--older-than", "inf"], "--older-than must be a number of days up to 36525"),
         (["--older-than", "1e6"], "--older-than must be a number of days up to 36525"),
         (["--older-than", "1e9"], "--older-than must be a number of days up to 36525"),
-        (["--older-than", "1", "--batch", "0"], "--batch must be at least 1"),
+        (["--older-than", "1", "--batch", "0"], "--batch must be 1 to 100,000, got 0"),
+        # Past 2**63 no database takes the LIMIT: a traceback, before this refusal.
+        (["--older-than", "1", "--batch", str(2**63)], "--batch must be 1 to 100,000, got 92233720368"),
         (["--older-than", "1", "--status", "running"], "cannot prune runs in status running"),
         (["--older-than", "1", "--status", "completed", "--status", "scheduled"], "only terminal runs"),
     ],

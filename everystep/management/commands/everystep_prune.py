@@ -36,8 +36,8 @@ class Command(BaseCommand):
                 f"--older-than must be a number of days up to {operations.PRUNE_MAX_DAYS} (100 years), "
                 f"got {older_than:g}"
             )
-        if batch < 1:
-            raise CommandError(f"--batch must be at least 1, got {batch}")
+        if not 1 <= batch <= operations.MAX_PRUNE_BATCH:
+            raise CommandError(f"--batch must be 1 to {operations.MAX_PRUNE_BATCH:,}, got {batch}")
         try:
             count = operations.prune(
                 older_than=dt.timedelta(days=older_than), statuses=statuses, batch=batch, dry_run=dry_run

@@ -1,8 +1,7 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from everystep import waits
+from everystep import serde, waits
+from everystep.errors import EverystepError
 
 from ._runs import refusals_as_errors
 
@@ -16,12 +15,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("run_id", metavar="RUN_ID")
         parser.add_argument("key", metavar="KEY")
-        parser.add_argument("--value", metavar="JSON", default="null", help="the event's value, as JSON")
+        parser.add_argument(
+            "--value", metavar="JSON", default="null",
+            help="the event's value, as JSON (everystep's tagged values, such as dates, too)",
+        )
 
     def handle(self, *, run_id, key, value, **options):
         try:
-            decoded = json.loads(value)
-        except ValueError as exc:
+            decoded = serde.loads(value)  # as the UI's Send event form reads it: tagged values too
+        except (ValueError, EverystepError) as exc:
             raise CommandError(f"--value is not valid JSON: {exc}") from None
         with refusals_as_errors():
             stored = waits.send_event(run_id, key, decoded)
