@@ -6,12 +6,22 @@ happens to contain ``"$es"`` is wrapped as ``{"$es": "dict", "v": {...}}``, so
 decoding never mistakes user data for a tag. Everything round-trips to the
 original type: datetime (aware or naive), date, timedelta, UUID, bytes,
 bytearray, tuple, enum members. Floats must be finite (PostgreSQL's jsonb
-refuses NaN and infinities); dict keys must be strings; text must hold no NUL
+refuses NaN and infinities); a float of 1e16 or more and -0.0 are tagged (jsonb
+would give back an int and 0.0). Ints must have at most
+``sys.get_int_max_str_digits()`` digits (4300; Python writes no longer int as
+text). Dict keys must be strings; text must hold no NUL
 character and no lone surrogate (jsonb refuses both, and libpq would cut a
 string at the NUL). Subclasses of list, tuple and dict (a namedtuple, an
 OrderedDict) are refused: they would come back as the plain type, so a replay
 would see another value than the first pass did. A subclass of str, int or
 float is stored as the plain value.
+
+Not kept on every backend: the order of a dict's keys. A dict is stored as a
+JSON object, and PostgreSQL's jsonb and MySQL's JSON give its keys back in
+their own order (shorter keys first); MariaDB and SQLite keep the text as
+written. A value read back is equal, but a body that iterates a step's result
+may see another key order on replay than on the first pass: it should sort
+the keys, or the step should return a list of pairs.
 """
 
 import base64
@@ -19,7 +29,9 @@ import datetime as dt
 import enum
 import importlib
 import json
+import math
 import re
+import sys
 import uuid
 from typing import Any
 
@@ -37,9 +49,16 @@ class _Refused(EverystepError):
         self.where: list[str] = []
 
 
-# Stored as they are; by exact type, so that an IntEnum or a str subclass still
-# goes through _encode. Most step arguments and results are one of these.
-_PLAIN = frozenset({str, int, bool, type(None)})
+# Stored as they are, besides str and int (checked first); by exact type, so
+# that an IntEnum or a str subclass still goes through _encode.
+_PLAIN = frozenset({bool, type(None)})
+
+# Python writes no int of more digits than sys.get_int_max_str_digits() as
+# text, and that limit is 0 (none) or at least this many digits: an int closer
+# to zero than 10**640 is written under any limit (two C comparisons), another
+# is checked against the limit in force.
+_SHORT_INT = 10**sys.int_info.str_digits_check_threshold
+_MINUS_SHORT_INT = -_SHORT_INT
 
 # What no backend stores alike: PostgreSQL's jsonb and text columns refuse NUL
 # and lone surrogates (MariaDB and SQLite keep them), and libpq's text
@@ -61,29 +80,38 @@ def encode(value: Any) -> Any:
     naming where in the value the problem is (``$['items'][3]``)."""
     # Most step arguments (a list), keyword arguments (a dict) and results are
     # plain scalars, stored as they are: one pass, no copy, no dispatch. Text
-    # is plain when it is ASCII without a NUL (two C-speed scans); any other
-    # text takes _encode's full check. Written out inline: this runs three
-    # times per step.
+    # is plain when it is ASCII without a NUL (two C-speed scans), an int when
+    # it is shorter than any digit limit (two comparisons); any other takes
+    # _encode's full check. Written out inline: this runs three times per step.
     kind = type(value)
-    if kind in _PLAIN:
-        if kind is not str or (value.isascii() and "\x00" not in value):
-            return value
-    elif kind is list:
+    if kind is list:
         if all(
-            (t := type(i)) in _PLAIN and (t is not str or (i.isascii() and "\x00" not in i)) for i in value
+            ((t := type(i)) is int and _MINUS_SHORT_INT < i < _SHORT_INT)
+            or (t is str and i.isascii() and "\x00" not in i)
+            or t in _PLAIN
+            for i in value
         ):
             return value
-    elif (
-        kind is dict
-        and TAG not in value
-        and all(
+    elif kind is dict:
+        if TAG not in value and all(
             type(k) is str
             and k.isascii()
             and "\x00" not in k
-            and ((t := type(i)) in _PLAIN and (t is not str or (i.isascii() and "\x00" not in i)))
+            and (
+                ((t := type(i)) is int and _MINUS_SHORT_INT < i < _SHORT_INT)
+                or (t is str and i.isascii() and "\x00" not in i)
+                or t in _PLAIN
+            )
             for k, i in value.items()
-        )
-    ):
+        ):
+            return value
+    elif kind is str:
+        if value.isascii() and "\x00" not in value:
+            return value
+    elif kind is int:
+        if _MINUS_SHORT_INT < value < _SHORT_INT:
+            return value
+    elif kind in _PLAIN:
         return value
     try:
         return _encode(value)
@@ -110,14 +138,23 @@ def _encode(value: Any) -> Any:
         if problem:
             raise _Refused(f"{value!r} is not storable: {problem}")
         return value
-    if value is None or isinstance(value, bool | int):
+    if value is None:
+        return value
+    if isinstance(value, int):  # bool too
+        if not _MINUS_SHORT_INT < value < _SHORT_INT:
+            limit = sys.get_int_max_str_digits()
+            if limit and abs(value) >= 10**limit:
+                raise _Refused(
+                    f"an int of more than {limit} digits is not serializable: Python refuses to write "
+                    "it as JSON text (sys.get_int_max_str_digits()); pass it as a str"
+                )
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             raise _Refused(f"{value!r} is not storable as JSON (must be finite)")
-        if abs(value) >= 1e16:
-            # jsonb keeps a number as numeric and prints 1e+16 as
-            # 10000000000000000, which reads back as an int.
+        if abs(value) >= 1e16 or (not value and math.copysign(1.0, value) < 0):
+            # jsonb keeps a number as numeric: it prints 1e+16 as
+            # 10000000000000000, which reads back as an int, and -0.0 as 0.
             return {TAG: "float", "v": repr(float(value))}
         return value
     if type(value) in _CONTAINERS:
@@ -283,7 +320,10 @@ def encode_exception(exc: BaseException) -> dict:
     else only the message, so the stored payload is always valid JSON.
     """
     cls = type(exc)
-    message = storable_text(str(exc))
+    try:
+        message = storable_text(str(exc))
+    except Exception:  # a failing __str__; ValueError(10**5000): an int too long to write
+        message = "<exception str() failed>"
     if isinstance(exc, BaseExceptionGroup):
         args = [storable_text(exc.message), [encode_exception(e) for e in exc.exceptions]]
     else:

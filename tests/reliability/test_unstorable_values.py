@@ -51,6 +51,11 @@ def measure():
     return 6.02e23
 
 
+@step
+def count():
+    return 10**5000  # more digits than Python writes as text (4300)
+
+
 @workflow
 def passes(value):
     return value
@@ -80,7 +85,7 @@ def catches():
 
 @workflow
 def calls(step_name):
-    return {"locate": locate, "local_enum": local_enum}[step_name]()
+    return {"locate": locate, "local_enum": local_enum, "count": count}[step_name]()
 
 
 @workflow
@@ -129,6 +134,12 @@ def test_schedule_refuses_such_an_argument_and_writes_nothing():
         assert Workflow.objects.count() == 0  # and the transaction is still usable
 
 
+def test_schedule_refuses_an_int_too_long_to_write_as_json_and_writes_nothing():
+    with pytest.raises(EverystepError, match="arguments are not serializable: .* more than 4300 digits"):
+        schedule(passes, 10**5000)  # not a bare ValueError from the JSON writer
+    assert not Workflow.objects.exists()
+
+
 @pytest.mark.parametrize(
     "step_name, problem",
     [("locate", "would come back as a plain tuple"), ("local_enum", "cannot be imported back")],
@@ -137,6 +148,14 @@ def test_a_result_that_would_replay_as_another_value_is_refused_on_the_first_pas
     row = run_workflow(calls, step_name)
     assert row.status == "failed"
     assert problem in row.error["message"]
+    assert not Step.objects.filter(workflow_id=row.id).exists()
+
+
+def test_a_step_result_too_long_to_write_as_json_fails_the_run_with_the_documented_error():
+    row = run_workflow(calls, "count")
+    assert row.status == "failed"
+    assert row.error["type"] == "everystep.errors.EverystepError"  # not builtins.ValueError
+    assert "the return value is not serializable" in row.error["message"]
     assert not Step.objects.filter(workflow_id=row.id).exists()
 
 

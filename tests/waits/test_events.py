@@ -243,6 +243,8 @@ def test_bad_sends_are_refused_naming_the_problem():
         waits.send_event(run.id, "k\x00", 1)
     with pytest.raises(EverystepError, match="not serializable"):
         waits.send_event(run.id, "approved", object())
+    with pytest.raises(EverystepError, match="more than 4300 digits"):  # not a ValueError from json
+        waits.send_event(run.id, "approved", 10**5000)
     with pytest.raises(EverystepError, match="does not exist"):
         waits.send_event("01900000-0000-7000-8000-000000000000", "approved", 1)
     with pytest.raises(EverystepError, match="not a valid run id"):
