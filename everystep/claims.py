@@ -25,13 +25,15 @@ claimer's name; :func:`reclaim_own` hands them back to the next worker
 started under that name.
 """
 
-import functools
 import logging
 from collections.abc import Callable
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, models
+from django.db.models import ExpressionWrapper, F, TextField
 
 from . import database, limits, registry, statements
+from .errors import EverystepError
+from .fields import EverystepJSONField
 from .models import Workflow
 
 logger = logging.getLogger("everystep")
@@ -39,12 +41,24 @@ logger = logging.getLogger("everystep")
 Status = Workflow.Status
 
 RUN_COLUMNS = [field.column for field in Workflow._meta.concrete_fields]
-# With each claimed run, whether it has recorded steps: a run claimed for the
-# first time has none, and the runner then skips loading them (a round trip).
-_RETURNING = (
-    f"RETURNING {', '.join(RUN_COLUMNS)}, EXISTS (SELECT 1 FROM everystep_step "
-    "WHERE everystep_step.workflow_id = everystep_workflow.id) AS has_steps"
-)
+# The serde-encoded columns (args, result, error). A claim decodes them run by
+# run (_decode_stored), never inside Django's iteration: a run whose stored
+# arguments no longer decode (an enum changed since) must fail alone, not end
+# the claim of every run claimed with it, and the worker with it.
+_ENCODED = [field for field in Workflow._meta.concrete_fields if isinstance(field, EverystepJSONField)]
+_STORED = "stored_"  # the prefix of such a column read undecoded by the ORM or raw()
+
+
+def _returning(columns) -> str:
+    # With each claimed run, whether it has recorded steps: a run claimed for the
+    # first time has none, and the runner then skips loading them (a round trip).
+    return (
+        f"RETURNING {', '.join(columns)}, EXISTS (SELECT 1 FROM everystep_step "
+        "WHERE everystep_step.workflow_id = everystep_workflow.id) AS has_steps"
+    )
+
+
+_RETURNING = _returning(RUN_COLUMNS)
 
 # The excluded ids go as one array, so that the statement text, and with it
 # the prepared plan, is the same whatever a worker has in flight.
@@ -62,7 +76,11 @@ POSTGRESQL_UNLIMITED = _POSTGRESQL.format(names=_SKIP_NAMES, limit="%s", returni
 SQLITE = (
     "UPDATE everystep_workflow SET status = 'running', claimed_by = %s WHERE id IN ("
     "SELECT id FROM everystep_workflow WHERE status = 'scheduled' {not_in}{not_limited}"
-    f"ORDER BY created_at LIMIT %s) {_RETURNING}"
+    "ORDER BY created_at LIMIT %s) "
+    + _returning(
+        f"{column} AS {_STORED}{column}" if column in {field.column for field in _ENCODED} else column
+        for column in RUN_COLUMNS
+    )
 )
 
 
@@ -208,7 +226,8 @@ def _claim_sqlite(conn, claimer: str, limit: int, exclude, skip_names) -> list[W
     not_in = f"AND id NOT IN ({', '.join(['%s'] * len(excluded))}) " if excluded else ""
     not_limited = f"AND name NOT IN ({', '.join(['%s'] * len(skip_names))}) " if skip_names else ""
     sql = SQLITE.format(not_in=not_in, not_limited=not_limited)
-    return list(Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, *skip_names, limit]))
+    runs = Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, *skip_names, limit])
+    return [_decode_stored(run, conn, _STORED) for run in runs]
 
 
 def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
@@ -218,32 +237,51 @@ def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Wo
     if skip_names:
         runs = runs.exclude(name__in=skip_names)
     with database.atomic():
-        claimed = list(runs.select_for_update()[:limit])
+        claimed = list(_undecoded(runs).select_for_update()[:limit])
         if claimed:
             Workflow.objects.using(conn.alias).filter(id__in=[run.id for run in claimed]).update(
                 status=Status.RUNNING, claimed_by=claimer
             )
     for run in claimed:
         run.status, run.claimed_by = Status.RUNNING, claimer
+        _decode_stored(run, conn, _STORED)
     return claimed
 
 
 def _run_from_row(conn, row) -> Workflow:
+    """A run from a row of :data:`RUN_COLUMNS` and ``has_steps``, as given by
+    psycopg: its loaders already give uuids and aware datetimes, so only the
+    encoded columns need decoding, as Django's compiler would decode them."""
     *values, has_steps = row
-    for i, decode in _run_decoders():
-        values[i] = decode(values[i], None, conn)
     run = Workflow.from_db(conn.alias, RUN_COLUMNS, values)
     run.has_steps = has_steps
+    return _decode_stored(run, conn)
+
+
+def _decode_stored(run: Workflow, conn, prefix: str = "") -> Workflow:
+    """Decode the run's encoded columns, read undecoded as ``prefix + name``.
+    Stored arguments that no longer decode (an enum value or a class they name
+    changed or went away since) stay plain JSON, with the error as
+    ``run.unreadable_args``: the runner fails that run alone."""
+    attributes = vars(run)
+    for field in _ENCODED:
+        stored = attributes.pop(prefix + field.attname)
+        try:
+            value = field.from_db_value(stored, None, conn)
+        except EverystepError as exc:
+            value = models.JSONField.from_db_value(field, stored, None, conn)
+            if field.name == "args":
+                run.unreadable_args = exc
+        setattr(run, field.attname, value)
     return run
 
 
-@functools.cache
-def _run_decoders() -> list[tuple[int, Callable]]:
-    """The columns that need their field's ``from_db_value``: psycopg's loaders
-    already give uuids and aware datetimes, so on PostgreSQL that is the JSON
-    fields, as Django's compiler would apply it. Worked out once per process."""
-    fields = Workflow._meta.concrete_fields
-    return [(i, field.from_db_value) for i, field in enumerate(fields) if hasattr(field, "from_db_value")]
+def _undecoded(runs: models.QuerySet) -> models.QuerySet:
+    """``runs`` with their encoded columns read as the database gives them, as
+    ``stored_<name>``, for :func:`_decode_stored`."""
+    names = [field.attname for field in _ENCODED]
+    as_text = {_STORED + name: ExpressionWrapper(F(name), output_field=TextField()) for name in names}
+    return runs.defer(*names).annotate(**as_text)
 
 
 def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
@@ -254,7 +292,8 @@ def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
     """
     from .operations import release_run
 
-    parked = list(Workflow.objects.parked_by(claimer).order_by("created_at"))
+    conn = database.connection()
+    parked = list(_undecoded(Workflow.objects.parked_by(claimer)).order_by("created_at"))
     for run in parked[limit:]:
         release_run(run.id, claimer)
-    return parked[:limit]
+    return [_decode_stored(run, conn, _STORED) for run in parked[:limit]]

@@ -512,7 +512,7 @@ class Worker:
             database.close_quietly()
             if self._quietly(database.reconnecting, operations.release_run, run.id, self.name):
                 observability.requeued(self.name, 1)
-        except Exception as exc:
+        except BaseException as exc:  # a KeyboardInterrupt from a step too: never leave the run running
             logger.exception("run %s: engine error outside the workflow body; failing the run", run.id)
             self._quietly(
                 database.reconnecting,

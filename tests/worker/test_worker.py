@@ -1,12 +1,14 @@
 """The Worker class run in-process on a thread (an embedded worker)."""
 
+import enum
 import logging
+import sys
 import time
 
 import pytest
 from django.db import connection, transaction
 
-from everystep import claims, heartbeats, operations, runner
+from everystep import claims, heartbeats, operations, runner, step, workflow
 from everystep import worker as worker_module
 from everystep.api import schedule
 from everystep.errors import EverystepError
@@ -174,6 +176,39 @@ def test_an_unknown_workflow_fails_the_run_and_the_worker_goes_on(tmp_path):
     assert status_of(known) == S.COMPLETED
 
 
+class Level(enum.Enum):
+    HIGH = "high"
+
+
+@workflow
+def takes_a_level(level):
+    return level.name
+
+
+def test_a_run_whose_arguments_no_longer_decode_fails_alone_and_the_worker_goes_on(
+    tmp_path, monkeypatch, scratch_modules
+):
+    parked = schedule(takes_a_level, Level.HIGH)  # left running under w1 by a crash: claimed again first
+    Workflow.objects.filter(id=parked.id).update(status=S.RUNNING, claimed_by="w1")
+    stale = schedule(takes_a_level, Level.HIGH)  # claimed next, with parked's end on PostgreSQL
+
+    def limited_level(level):  # claimed through its limit's own query (everystep.limits)
+        return level.name
+
+    limited_level.__module__ = f"{scratch_modules.prefix}.flows"  # registered for this test only
+    limited = schedule(workflow(max_concurrent=2)(limited_level), Level.HIGH)
+    healthy = schedule(w.chain, str(tmp_path / "log"), 1)
+    # A deploy renamed the enum's value: the stored arguments name one that is gone.
+    monkeypatch.setattr(sys.modules[__name__], "Level", enum.Enum("Level", {"HIGH": "urgent"}))
+    Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    for run in (parked, stale, limited):
+        status, error = Workflow.objects.values_list("status", "error").get(id=run.id)
+        assert status == S.FAILED
+        assert f"run {run.id}: its stored arguments cannot be read" in error["message"]
+        assert "'high' is not a valid Level" in error["message"]
+    assert status_of(healthy) == S.COMPLETED
+
+
 def test_a_run_deleted_meanwhile_is_logged_and_skipped(tmp_path, caplog):
     gone = schedule(w.self_deleting)
     known = schedule(w.chain, str(tmp_path / "log"), 1)
@@ -202,6 +237,27 @@ def test_an_engine_error_outside_the_body_fails_the_run_and_the_worker_survives(
     row = Workflow.objects.get(id=broken.id)
     assert row.status == S.FAILED and row.error["message"] == "engine bug"
     assert f"run {broken.id}: engine error outside the workflow body" in caplog.text
+    assert status_of(healthy) == S.COMPLETED
+
+
+@step
+def interrupts():
+    raise KeyboardInterrupt  # the runner lets it through, unrecorded
+
+
+@workflow
+def interrupted():
+    return interrupts()
+
+
+def test_a_keyboard_interrupt_from_a_step_fails_the_run_and_is_logged(tmp_path, caplog):
+    run = schedule(interrupted)
+    healthy = schedule(w.chain, str(tmp_path / "log"), 1)
+    with caplog.at_level(logging.ERROR, logger="everystep"):
+        Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    row = Workflow.objects.get(id=run.id)
+    assert (row.status, row.error["type"]) == (S.FAILED, "builtins.KeyboardInterrupt")
+    assert f"run {run.id}: engine error outside the workflow body" in caplog.text
     assert status_of(healthy) == S.COMPLETED
 
 
