@@ -6,9 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import limits, registry, runner, serde
+from .context import current
 from .errors import EverystepError, Terminal
 
 __all__ = ["workflow", "step", "parallel", "schedule", "start_child", "Terminal"]
+
+# The length of the name columns (``everystep_workflow.name``, ``everystep_step.name``).
+MAX_NAME_LENGTH = 300
 
 
 def workflow(
@@ -37,18 +41,23 @@ def workflow(
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
-    its identity. Workers and the UI import every installed app's
+    its identity. A name longer than 300 characters (the column) raises
+    :class:`~everystep.errors.EverystepError` here, at import. Workers and the UI import every installed app's
     ``workflows`` module at start-up, so define workflows there (or in a
     module it imports).
 
     On every claim the body runs again from the top and recorded steps are
-    served from the store, so code between steps must be deterministic. Its
+    served from the store, so code between steps must be deterministic. A
+    step, wait, ``parallel`` or ``start_child`` called in the body inside a
+    ``transaction.atomic()`` on everystep's database fails the run with an
+    ``EverystepError``: its record would be rolled back with that transaction
+    (see :ref:`transactions-in-a-workflows-body`). Its
     arguments and return value go through :mod:`everystep.serde`. Outside a
     run, calling the function is a plain call.
     """
 
     def decorate(func: Callable) -> Callable:
-        name = registry.qualified_name(func)
+        name = _checked_name(func, "workflow")
         schedule = None
         if cron is not None:
             from . import cron as crons  # cronsim is imported only by a project that declares a schedule
@@ -88,11 +97,12 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
     in its scope). Arguments and the result must be serializable by
     :mod:`everystep.serde`; a stored failure is raised again on replay.
     Outside a run, or inside another step's function, calling a step is a
-    plain call.
+    plain call. The qualified name is limited to 300 characters, as for
+    :func:`workflow`.
     """
 
     def decorate(func: Callable) -> Callable:
-        spec = registry.Spec(registry.qualified_name(func), func, "step", unsafe_to_repeat)
+        spec = registry.Spec(_checked_name(func, "step"), func, "step", unsafe_to_repeat)
         registry.register(spec)
 
         @functools.wraps(func)
@@ -103,6 +113,20 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
         return wrapper
 
     return decorate(func) if func is not None else decorate
+
+
+def _checked_name(func: Callable, kind: str) -> str:
+    """The qualified name a run or step row stores, refused here, at import,
+    when longer than its column: PostgreSQL and MariaDB would refuse it only at
+    the write (SQLite stores it), so it is refused on every backend."""
+    name = registry.qualified_name(func)
+    if len(name) > MAX_NAME_LENGTH:
+        raise EverystepError(
+            f"{kind} {name}: the qualified name (module.qualname) is {len(name)} characters; the "
+            f"limit is {MAX_NAME_LENGTH}, the length of the name column. Use a shorter function "
+            "or module name."
+        )
+    return name
 
 
 def parallel(*branches, everystep_id: str | None = None) -> tuple:
@@ -119,6 +143,9 @@ def parallel(*branches, everystep_id: str | None = None) -> tuple:
     a sibling fails. Outside a run the branches still run concurrently, as
     plain calls.
     """
+    ctx = current()
+    if ctx is not None and ctx.running_step is None and ctx.connection.in_atomic_block:
+        ctx.refuse_transaction("parallel()")
     return runner.run_parallel(branches, everystep_id)
 
 
@@ -171,14 +198,25 @@ def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = 
 
     Refuses before writing anything: a function that is not a
     :func:`workflow` and arguments that do not fit its signature
-    (``TypeError``), arguments that do not serialize and a malformed key
-    (:class:`~everystep.errors.EverystepError`).
+    (``TypeError``), arguments that do not serialize, a malformed key, and a
+    call in a workflow's body without ``idempotency_key``, which every replay
+    would repeat (:class:`~everystep.errors.EverystepError`; use
+    :func:`start_child` there).
     """
     from .models import Workflow  # not at import time: settings may import this module
     from .scheduling import insert_run
 
     spec = _workflow_spec(workflow_func, "schedule")
     _check_args(spec, args)
+    ctx = current()
+    if ctx is not None and ctx.running_step is None and idempotency_key is None:
+        # Not recorded: every replay of the body would insert another run.
+        raise EverystepError(
+            f"run {ctx.workflow_id}: schedule({spec.name}) was called in the workflow's body, where "
+            "it is not recorded, so every replay would start another run. Use start_child() (a "
+            "child run, recorded like a step), or call schedule() inside a step with an "
+            "idempotency_key."
+        )
     if idempotency_key is not None and not (isinstance(idempotency_key, str) and idempotency_key):
         raise EverystepError(f"idempotency_key must be a non-empty string, got {idempotency_key!r}")
     if idempotency_key is not None and len(idempotency_key) > 255:

@@ -239,6 +239,8 @@ def check_inside_body(ctx, name: str) -> None:
             f"start_child({name}) was called inside step {ctx.running_step} of run "
             f"{ctx.workflow_id}; call it from the workflow's body, where it is recorded like a step"
         )
+    if ctx.connection.in_atomic_block:
+        ctx.refuse_transaction(f"start_child({name})")
 
 
 def stop_descendants(run_id, *, actor: str | None = None) -> list[tuple]:

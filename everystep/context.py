@@ -10,6 +10,7 @@ import types
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.db import connections
@@ -128,6 +129,32 @@ class Context:
             self.state.executing.pop(self, None)
         else:
             self.state.executing[self] = step_id
+
+    @cached_property
+    def connection(self):
+        """This scope's connection to everystep's database, looked up on first
+        use and then a plain attribute: a scope runs on one thread."""
+        return self.state.connection()
+
+    def refuse_transaction(self, what: str) -> None:
+        """Halt the run when ``what`` (a step, a wait...) is called inside a
+        transaction the project opened on everystep's connection: its record
+        would be rolled back with that transaction (when the block exits with an
+        exception, or the run suspends through it), so a replay would run it
+        again. Called only when ``connection.in_atomic_block``; the blocks a
+        Django ``TestCase`` opens around a test do not count."""
+        blocks = self.connection.atomic_blocks
+        if all(getattr(block, "_from_testcase", False) for block in blocks):
+            return
+        self.state.halt_with(
+            EverystepError(
+                f"run {self.workflow_id}: {what} was called inside transaction.atomic() on "
+                f"everystep's database ({self.state.database!r}) in the workflow's body. Its record "
+                "would be rolled back with that transaction, and the call would run again on "
+                "replay. Commit the transaction before the call (end the atomic block first); a "
+                "step's own function may use transactions freely."
+            )
+        )
 
     @property
     def workflow_id(self):

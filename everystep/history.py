@@ -75,7 +75,7 @@ class CutRow:
 
     @property
     def unknown(self) -> bool:
-        """No step of this name can be found here: it may be unsafe to repeat."""
+        """Whether no step of this name can be found here (so it may be unsafe to repeat)."""
         return self.unsafe == registry.UNKNOWN
 
 

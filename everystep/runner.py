@@ -94,6 +94,14 @@ def _replay(
             "removed?). Deploy the code that defines it, then retry the run."
         )
         return _end(run, claimer, Status.FAILED, exc=error, finish=finish)
+    unreadable = getattr(run, "unreadable_args", None)  # set by a claim (everystep.claims)
+    if unreadable is not None:
+        error = EverystepError(
+            f"run {run.id}: its stored arguments cannot be read: {unreadable}. Something they "
+            "name (a class, an enum member) changed or was removed since the run was scheduled. "
+            "Deploy code that reads them, then retry the run."
+        )
+        return _end(run, claimer, Status.FAILED, exc=error, finish=finish)
     state = RunState(run.id, run.name, claimer, leave_check)
     # Read once per run, not per step: settings lookups are not free.
     state.database = database.alias()
@@ -108,6 +116,10 @@ def _replay(
         with activate(Context(state)):
             value = spec.func(*run.args)
     except Exception as exc:
+        raised = exc
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:  # CancelledError, SystemExit from the body's code: its failure
         raised = exc
     outcome = state.halt or raised
     return _conclude(run, state, value, outcome, finish)
@@ -204,6 +216,8 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
     ctx = current()
     if ctx is None or ctx.running_step is not None:
         return spec.func(*args, **kwargs)  # outside a run, or nested inside a step
+    if ctx.connection.in_atomic_block:
+        ctx.refuse_transaction(f"step {spec.name}")
     state = ctx.state
     state.check()
     step_id = ctx.next_id(everystep_id)
@@ -287,9 +301,12 @@ def _uncertain(state: RunState, step_id: str, spec: registry.Spec) -> EffectUnce
     )
 
 
-def _run_function(ctx: Context, row: _StepRow, args: tuple, kwargs: dict) -> tuple[Any, Exception | None]:
+def _run_function(ctx: Context, row: _StepRow, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
     """Run the step's function: ``(result, None)`` or ``(None, exception)``.
-    Then the fault hook, between the effect and its record."""
+    Then the fault hook, between the effect and its record. A BaseException
+    raised by the step's code (``asyncio.CancelledError``, ``SystemExit``) is
+    its failure like any other; ``KeyboardInterrupt`` and ``GeneratorExit``
+    go through unrecorded."""
     ctx.running_step = row.step_id
     try:
         if observer is None:
@@ -297,6 +314,10 @@ def _run_function(ctx: Context, row: _StepRow, args: tuple, kwargs: dict) -> tup
         else:
             result, raised = observer.step(ctx.state, row.step_id, row.spec, args, kwargs), None
     except Exception as exc:
+        result, raised = None, exc
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
         result, raised = None, exc
     ctx.running_step = None
     _fault(ctx, row.step_id)

@@ -199,6 +199,8 @@ def wait_step(
     wake time having passed.
     """
     ctx = current()
+    if ctx.connection.in_atomic_block:
+        ctx.refuse_transaction(f"the wait {name}")
     state = ctx.state
     step_id = ctx.next_id(everystep_id)
     recorded = state.store.get(step_id)

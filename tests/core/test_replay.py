@@ -1,6 +1,10 @@
-import pytest
+import asyncio
+import math
 
-from everystep import runner
+import pytest
+from django.db import transaction
+
+from everystep import database, parallel, runner, sleep, start_child, step, wait_for_event, workflow
 from everystep.api import schedule
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Step, Workflow
@@ -49,6 +53,36 @@ def test_failure_is_recorded_and_the_run_fails_with_it():
     assert row.completed_at is not None
     failed = row.steps.get(status="failed")
     assert failed.error["message"] == "nope"
+
+
+NOT_EXCEPTIONS = {"CancelledError": asyncio.CancelledError, "SystemExit": SystemExit}
+
+
+@step
+def raises_a_base_exception(name):
+    raise NOT_EXCEPTIONS[name](f"{name} from the step's code")
+
+
+@workflow
+def calls_a_step_raising(name, catch):
+    try:
+        return raises_a_base_exception(name)
+    except BaseException as exc:
+        if not catch:
+            raise
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize(
+    "name, stored_type",
+    [("CancelledError", "asyncio.exceptions.CancelledError"), ("SystemExit", "builtins.SystemExit")],
+)
+def test_a_step_raising_cancelled_error_or_system_exit_fails_like_any_exception(name, stored_type):
+    row = run_workflow(calls_a_step_raising, name, False)
+    assert (row.status, row.error["type"]) == ("failed", stored_type)
+    assert row.steps.get().error["type"] == stored_type
+    row = run_workflow(calls_a_step_raising, name, True)  # the body may catch it
+    assert (row.status, row.result) == ("completed", name)
 
 
 def test_cleanup_in_except_is_durable_across_a_crash():
@@ -128,6 +162,28 @@ def test_typed_values_round_trip_through_the_store():
     assert row.steps.get().result == payload
 
 
+@step
+def negative_zero():
+    return -0.0
+
+
+signs = []
+
+
+@workflow
+def sign_of_a_step_result():
+    signs.append(math.copysign(1.0, negative_zero()))
+
+
+def test_a_replay_sees_a_negative_zero_step_result_with_its_sign():
+    # jsonb has no negative zero: stored as a plain number, -0.0 replays as 0.0.
+    signs.clear()
+    row = run_workflow(sign_of_a_step_result)
+    Workflow.objects.filter(id=row.id).update(status="running", claimed_by=CLAIMER)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    assert signs == [-1.0, -1.0]
+
+
 def test_stale_claimer_writes_nothing():
     run = schedule(w.three_steps)
     claim(run)
@@ -189,3 +245,75 @@ def test_a_recorded_terminal_stops_the_run_again_on_replay(workflow):
     # Only the parallel sibling may be new: if the first pass's stop came before
     # it started, the replayed stop and the sibling race again.
     assert now - set(recorded) <= {("1.1.1", "done")}
+
+
+@step(unsafe_to_repeat=True)
+def charge():
+    w.effect("charge")
+    return "charged"
+
+
+@workflow
+def charges_then_waits_in_a_transaction():
+    with transaction.atomic(using=database.alias()):
+        charge()
+        return wait_for_event("approval")  # its Suspended would roll the charge's rows back
+
+
+@workflow
+def sleeps_in_a_transaction():
+    with transaction.atomic(using=database.alias()):
+        sleep(60)
+
+
+@workflow
+def forks_in_a_transaction():
+    with transaction.atomic(using=database.alias()):
+        parallel(lambda: w.record("branch"))
+
+
+@workflow
+def starts_a_child_in_a_transaction():
+    with transaction.atomic(using=database.alias()):
+        start_child(w.sequential, 1)
+
+
+@pytest.mark.parametrize(
+    "body, what",
+    [
+        (charges_then_waits_in_a_transaction, "step tests.core.test_replay.charge"),
+        (sleeps_in_a_transaction, "the wait everystep.sleep"),
+        (forks_in_a_transaction, "parallel()"),
+        (starts_a_child_in_a_transaction, "start_child(tests.core.workflows.sequential)"),
+    ],
+)
+def test_a_step_or_wait_inside_a_body_transaction_fails_the_run_before_running_anything(body, what):
+    row = run_workflow(body)
+    assert row.status == "failed"
+    assert row.error["type"] == "everystep.errors.EverystepError"
+    assert f"{what} was called inside transaction.atomic()" in row.error["message"]
+    assert "Commit the transaction before the call" in row.error["message"]
+    assert not w.effects and not row.steps.exists()
+    assert Workflow.objects.count() == 1  # no child either
+
+
+@step
+def books_in_a_transaction():
+    with transaction.atomic(using=database.alias()):
+        return w.record("booked")  # inside a step: a plain call
+
+
+@workflow
+def books():
+    return books_in_a_transaction()
+
+
+def test_a_steps_own_function_may_use_transactions():
+    row = run_workflow(books)
+    assert (row.status, row.result) == ("completed", "booked")
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_run_inside_a_django_test_cases_transaction_records_its_steps():
+    row = run_workflow(w.sequential, 2)
+    assert (row.status, row.result) == ("completed", ["s1", "s2"])

@@ -6,11 +6,12 @@ import threading
 import pytest
 from django.db import transaction
 
-from everystep import database
+from everystep import database, runner, step, workflow
 from everystep.api import schedule
 from everystep.errors import EverystepError
 from everystep.models import Workflow
 from tests.core import workflows as w
+from tests.helpers import CLAIMER, run_workflow
 from tests.worker.support import wait_for
 
 
@@ -241,3 +242,43 @@ def test_importing_everystep_imports_no_models_and_needs_no_settings():
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@workflow
+def schedules_in_its_body(key=None):
+    return str(schedule(w.sequential, 1, idempotency_key=key).id)
+
+
+@step
+def schedules_in_a_step():
+    return str(schedule(w.sequential, 1, idempotency_key="follow-up").id)
+
+
+@workflow
+def schedules_from_a_step():
+    return schedules_in_a_step()
+
+
+def follow_ups():
+    return Workflow.objects.filter(name="tests.core.workflows.sequential")
+
+
+@pytest.mark.django_db
+def test_schedule_in_a_workflow_body_without_a_key_is_refused_as_every_replay_would_repeat_it():
+    row = run_workflow(schedules_in_its_body)
+    assert row.status == "failed"
+    message = row.error["message"]
+    assert "schedule(tests.core.workflows.sequential) was called in the workflow's body" in message
+    assert "start_child()" in message
+    assert not follow_ups().exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body, args", [(schedules_in_its_body, ("follow-up",)), (schedules_from_a_step, ())])
+def test_schedule_with_a_key_in_a_body_or_inside_a_step_starts_one_run_across_replays(body, args):
+    row = run_workflow(body, *args)
+    assert row.status == "completed", row.error
+    Workflow.objects.filter(id=row.id).update(status="running", claimed_by=CLAIMER)
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)  # a replay of the whole body
+    row.refresh_from_db()
+    assert row.result == str(follow_ups().get().id)

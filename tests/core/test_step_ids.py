@@ -1,6 +1,8 @@
 import pytest
 
+from everystep import api, step, workflow
 from everystep.errors import EverystepError
+from everystep.models import Step, Workflow
 from tests.core import workflows as w
 from tests.helpers import run_workflow
 
@@ -78,3 +80,15 @@ def test_context_names_validation_directly():
     assert ctx.next_id() == "3"
     with pytest.raises(EverystepError):
         ctx.next_id("pay")
+
+
+@pytest.mark.parametrize("decorator", [workflow, step])
+def test_a_name_longer_than_the_name_column_is_refused_at_import(decorator):
+    def make():
+        return 1
+
+    make.__qualname__ = "Namespace" + "_" * 300 + "make"
+    with pytest.raises(EverystepError, match=r"the qualified name .* is 338 characters; the limit is 300"):
+        decorator(make)
+    columns = {model._meta.get_field("name").max_length for model in (Workflow, Step)}
+    assert columns == {api.MAX_NAME_LENGTH}
