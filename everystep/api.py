@@ -204,18 +204,15 @@ def schedule(workflow_func: Callable, *args: Any, idempotency_key: str | None = 
     :func:`start_child` there).
     """
     from .models import Workflow  # not at import time: settings may import this module
-    from .scheduling import insert_run
+    from .scheduling import insert_run, refuse_in_a_body
 
     spec = _workflow_spec(workflow_func, "schedule")
     _check_args(spec, args)
-    ctx = current()
-    if ctx is not None and ctx.running_step is None and idempotency_key is None:
-        # Not recorded: every replay of the body would insert another run.
-        raise EverystepError(
-            f"run {ctx.workflow_id}: schedule({spec.name}) was called in the workflow's body, where "
-            "it is not recorded, so every replay would start another run. Use start_child() (a "
-            "child run, recorded like a step), or call schedule() inside a step with an "
-            "idempotency_key."
+    if idempotency_key is None:  # with a key, a replay finds the same run
+        refuse_in_a_body(
+            f"schedule({spec.name})",
+            "Use start_child() (a child run, recorded like a step), or call schedule() inside a step "
+            "with an idempotency_key.",
         )
     if idempotency_key is not None and not (isinstance(idempotency_key, str) and idempotency_key):
         raise EverystepError(f"idempotency_key must be a non-empty string, got {idempotency_key!r}")

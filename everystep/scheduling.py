@@ -9,6 +9,20 @@ from .errors import EverystepError
 NOTIFY_CHANNEL = "everystep_scheduled"
 
 
+def refuse_in_a_body(call: str, way_out: str) -> None:
+    """``call`` inserts a run. In a workflow's body (outside a step) nothing
+    records that it was made, so every replay of the body would insert
+    another run: refused there, naming ``way_out``."""
+    from .context import current
+
+    ctx = current()
+    if ctx is not None and ctx.running_step is None:
+        raise EverystepError(
+            f"run {ctx.workflow_id}: {call} was called in the workflow's body, where it is not "
+            f"recorded, so every replay would start another run. {way_out}"
+        )
+
+
 def insert_run(model, name: str, args: list, idempotency_key: str | None):
     return insert_run_once(model, name, args, idempotency_key)[0]
 

@@ -103,11 +103,15 @@ class EverystepBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         from .models import Workflow
-        from .scheduling import insert_run
+        from .scheduling import insert_run, refuse_in_a_body
 
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
         _check_arguments(task, args, kwargs)
+        refuse_in_a_body(
+            f"enqueue() of the task {task.module_path}",
+            "Enqueue it inside a step (or start a workflow with start_child(), recorded like a step).",
+        )
         run = insert_run(Workflow, task.module_path, [args, kwargs], None)
         result = self._task_result(task, run, started_at=None)
         task_enqueued.send(type(self), task_result=result)
@@ -202,9 +206,13 @@ def _task_error(payload) -> TaskError:
 
 
 def _task_named(name: str) -> Task | None:
+    spec = registry.get_workflow(name)  # imports the task's module, which registers its tasks
+    task = getattr(spec.func, "task", None) if spec is not None else None
+    if isinstance(task, Task):
+        return task
     try:
         task = import_string(name)
-    except ImportError:
+    except Exception:  # ImportError, or whatever the task's module raises on import
         return None
     return task if isinstance(task, Task) else None
 
@@ -263,6 +271,9 @@ def _adapter_spec(task: Task) -> registry.Spec:
     run_task.__module__ = task.func.__module__
     # The run page's pending steps come from the task's own function (everystep.graph).
     run_task.__everystep__ = registry.Spec(task.module_path, task.func, "workflow")
+    # get_result's way back to the Task: its module path may name the plain
+    # function instead (send_email_task = task(send_email)).
+    run_task.task = task
     return registry.Spec(task.module_path, run_task, "workflow")
 
 

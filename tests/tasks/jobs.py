@@ -98,3 +98,33 @@ with override_settings(TASKS={**settings.TASKS, "immediate": IMMEDIATE}):
 
 def not_a_task():
     return None
+
+
+@step
+def enqueues(value):
+    return total.enqueue(value).id  # inside a step: once per run
+
+
+@task
+def enqueues_in_its_body(value):
+    total.enqueue(value)  # not recorded: every replay would enqueue again
+    return value
+
+
+@task
+def enqueues_in_a_step(value):
+    return enqueues(value)
+
+
+def send_email(to):  # also called inline: the task is made by calling task() on it
+    return f"sent to {to}"
+
+
+send_email_task = task(send_email)
+
+
+def greet(context, name):
+    return f"hello {name} from {context.task_result.id}"
+
+
+greet_task = task(greet, takes_context=True)

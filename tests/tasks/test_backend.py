@@ -395,6 +395,42 @@ def test_a_task_above_the_line_its_module_raises_at_does_not_run(tmp_path, monke
         assert registry.get_workflow(name) is None
 
 
+def test_a_task_enqueued_in_a_body_is_refused_as_every_replay_would_enqueue_it_again():
+    result = jobs.enqueues_in_its_body.enqueue(7)
+    execute(result)
+    assert result.status == TaskResultStatus.FAILED
+    assert "enqueue() of the task tests.tasks.jobs.total was called in the workflow's body" in str(
+        run_of(result).error["message"]
+    )
+    assert not Workflow.objects.filter(name="tests.tasks.jobs.total").exists()
+
+    inside_a_step = jobs.enqueues_in_a_step.enqueue(7)
+    execute(inside_a_step)
+    [enqueued] = Workflow.objects.filter(name="tests.tasks.jobs.total")
+    assert inside_a_step.return_value == str(enqueued.id)
+
+
+def test_a_task_made_from_a_plain_function_runs_and_its_result_reads_back():
+    # Its module path names the plain function, not the Task.
+    result = jobs.send_email_task.enqueue("ann@example.com")
+    execute(result)
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "sent to ann@example.com")
+    assert jobs.send_email_task.get_result(result.id).return_value == "sent to ann@example.com"
+    greeting = jobs.greet_task.enqueue("ann")
+    execute(greeting)
+    assert greeting.return_value == f"hello ann from {greeting.id}"
+
+
+def test_get_result_of_a_run_whose_module_now_raises_on_import_does_not_exist(tmp_path, monkeypatch):
+    # Not the module's own exception, which a view polling the result turned into a 500.
+    module = f"half_imported_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(HALF_IMPORTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = Workflow.objects.create(name=f"{module}.first_task", args=[[1], {}])
+    with pytest.raises(TaskResultDoesNotExist, match=f"{run.id} is a run of {module}.first_task"):
+        default_task_backend.get_result(str(run.id))
+
+
 # ---------------------------------------------------------------- the UI
 
 
