@@ -168,9 +168,10 @@ def child_outcome(child_id, *, lock: bool = False) -> tuple | None:
         rows = rows.select_for_update()
     row = rows.values_list("status", "result", "error").first()
     if row is None:
-        return "failed", ChildFailed(
-            f"child run {child_id} no longer exists (deleted before its parent read its end)", child_id
-        )
+        message = f"child run {child_id} no longer exists (deleted before its parent read its end)"
+        # An error of the stored shape all the same: a parent's handler reads exc.error["message"].
+        error = {"type": "everystep.errors.ChildFailed", "message": message, "args": [message]}
+        return "failed", ChildFailed(message, child_id, error)
     status, result, error = row
     if status == Status.COMPLETED:
         return "done", result

@@ -121,6 +121,9 @@ def test_pruning_a_blocked_child_wakes_its_parent_which_raises_child_failed():
     assert (parent.result["raised"], parent.result["child"]) == ("ChildFailed", str(child.id))
     row = Step.objects.get(workflow_id=parent.id, step_id="3")
     assert "deleted before its parent read its end" in row.error["message"]
+    # An error of the documented shape, so a handler's exc.error["message"] works (it was None).
+    assert parent.result["error"]["type"] == "everystep.errors.ChildFailed"
+    assert "deleted before its parent read its end" in parent.result["error"]["message"]
 
 
 def test_a_stopped_parent_is_not_woken_by_its_childs_end():
