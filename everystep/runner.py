@@ -137,6 +137,12 @@ def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> 
     if isinstance(outcome, SimulatedCrash):
         return None
     if isinstance(outcome, Fenced):
+        # Still ours, the write that fenced us out was an earlier claim's that
+        # landed after this claim read the run's rows: a replay serves it. Left
+        # running here, nothing would ever end the run. Not ours: this matches nothing.
+        if database.reconnecting(operations.release_run, run.id, state.claimer):
+            logger.warning("run %s: %s; requeued, for a replay that serves it", run.id, outcome)
+            return Status.SCHEDULED
         logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
         return None
     if isinstance(outcome, Suspended):

@@ -74,6 +74,9 @@ PROBE_TIMEOUT = 5.0
 
 
 MAX_POLL = 86400  # seconds: the longest poll interval a worker accepts
+# Seconds a control notice for a run with no slot here is kept: a claimed
+# run's slot is seated within moments of its claim.
+EARLY_NOTICE_KEPT = 5.0
 
 
 class _Waker:
@@ -216,6 +219,9 @@ class Worker:
         self._waker: _Waker | None = None  # made by run()
         self._lock = threading.Lock()
         self._inflight: dict[uuid.UUID, _Slot] = {}
+        # Control notices for runs with no slot here yet ({run id: when heard}):
+        # one claimed here gets its slot a moment after the claim commits.
+        self._early_notices: dict[uuid.UUID, float] = {}
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._metrics_server = None
@@ -330,7 +336,9 @@ class Worker:
                                 len(claimed),
                             )
                         recovered = True
-                    fresh = claims.claim_runs(self.name, free - len(claimed), exclude=self._in_flight())
+                    # Not the runs just reclaimed either: requeued meanwhile, one would be claimed twice.
+                    busy = [*self._in_flight(), *(run.id for run in claimed)]
+                    fresh = claims.claim_runs(self.name, free - len(claimed), exclude=busy)
                     observability.claimed(self.name, len(fresh))
                     claimed += fresh
                     if claimed:
@@ -470,7 +478,7 @@ class Worker:
     def _submit(self, executor: ThreadPoolExecutor, run: Workflow) -> None:
         slot = _Slot(self, run)
         with self._lock:
-            self._inflight[run.id] = slot
+            self._seat(slot)
         observability.in_flight(self.name, 1)
         executor.submit(self._execute, slot)
 
@@ -552,8 +560,15 @@ class Worker:
         with self._lock:
             self._inflight.pop(slot.run.id, None)
             if successor is not None:
-                self._inflight[successor.run.id] = successor
+                self._seat(successor)
         return successor
+
+    def _seat(self, slot: _Slot) -> None:
+        """Count ``slot`` in flight (under the lock), leaving at once if a stop
+        or requeue of its run was heard between its claim and now."""
+        self._inflight[slot.run.id] = slot
+        if self._early_notices.pop(slot.run.id, None) is not None:
+            slot.left = True
 
     def _in_flight(self) -> list:
         """The ids of the runs in flight here: a claim passes over them (one
@@ -772,7 +787,13 @@ class Worker:
                 run_id = uuid.UUID(payload)
             except ValueError:
                 return
-            slot = self._inflight.get(run_id)
+            with self._lock:
+                slot = self._inflight.get(run_id)
+                if slot is None:  # perhaps claimed here, its slot not seated yet: _seat sees it
+                    now = time.monotonic()
+                    heard = self._early_notices.items()
+                    kept = {key: at for key, at in heard if now - at < EARLY_NOTICE_KEPT}
+                    self._early_notices = {**kept, run_id: now}
             if slot is not None:
                 slot.left = True
         elif channel == NOTIFY_CHANNEL:
