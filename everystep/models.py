@@ -71,6 +71,9 @@ class Workflow(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid6.uuid7, editable=False)
     name = models.CharField(max_length=300)
     args = EverystepJSONField(default=list)
+    # On MySQL/MariaDB, idempotency_key and claimed_by have a binary collation
+    # (migrations 0016, 0017): they compare exactly, as elsewhere. name keeps
+    # the default one, for the UI's case-insensitive search.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     status = models.CharField(
         max_length=16, choices=Status, default=Status.SCHEDULED, db_index=True
@@ -154,6 +157,8 @@ class Step(models.Model):
     workflow = models.ForeignKey(
         Workflow, on_delete=models.CASCADE, related_name="steps", db_index=False
     )
+    # Compared exactly on MySQL/MariaDB too (a binary collation, migration 0017),
+    # as are Wait.step_id and key, Event.key, ChildRun.step_id and Heartbeat.name.
     step_id = models.CharField(max_length=300)
     name = models.CharField(max_length=300)
     args = EverystepJSONField(default=list)

@@ -1,17 +1,6 @@
 from django.db import migrations
 
-# Binary collations, best first: the NO PAD ones, where trailing spaces count
-# (MariaDB 10.2+: {charset}_nopad_bin; MySQL 8.0.17+: utf8mb4_0900_bin), then
-# {charset}_bin, which is PAD SPACE on both ("k" = "k ") but exact otherwise.
-_PREFERRED = ("{charset}_nopad_bin", "{charset}_0900_bin", "{charset}_bin")
-
-
-def _column_charset(cursor) -> str:
-    cursor.execute(
-        "SELECT CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
-        "AND TABLE_NAME = 'everystep_workflow' AND COLUMN_NAME = 'idempotency_key'"
-    )
-    return cursor.fetchone()[0]
+from everystep.migrations import _mysql_collation
 
 
 def exact_key_collation(apps, schema_editor):
@@ -32,8 +21,8 @@ def exact_key_collation(apps, schema_editor):
     MySQL/MariaDB only. ``name`` keeps its collation: the UI's
     case-insensitive search relies on it.
 
-    The collation is the first of _PREFERRED the server offers for the
-    column's character set: a binary NO PAD one where there is one (MariaDB:
+    The collation is the first of _mysql_collation._PREFERRED the server
+    offers for the column's character set: a binary NO PAD one where there is one (MariaDB:
     utf8mb4_nopad_bin; MySQL 8.0.17+: utf8mb4_0900_bin), else {charset}_bin,
     which is exact but for trailing spaces ("k" and "k " stay one key on
     MySQL before 8.0.17 only).
@@ -43,27 +32,12 @@ def exact_key_collation(apps, schema_editor):
     default collation; it fails with a duplicate-key error if rows made since
     hold keys that differ only by case, accents or trailing spaces.
     """
-    if schema_editor.connection.vendor != "mysql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        charset = _column_charset(cursor)
-        cursor.execute(
-            "SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE CHARACTER_SET_NAME = %s",
-            [charset],
-        )
-        offered = {row[0] for row in cursor.fetchall()}
-    collation = next(c.format(charset=charset) for c in _PREFERRED if c.format(charset=charset) in offered)
-    schema_editor.execute(
-        "ALTER TABLE everystep_workflow MODIFY idempotency_key "
-        f"varchar(255) CHARACTER SET {charset} COLLATE {collation} NULL"
-    )
+    _mysql_collation.exact(schema_editor, "everystep_workflow", "idempotency_key")
 
 
 def default_key_collation(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
-        return
     # No character set or collation: the table's defaults, as 0001 made the column.
-    schema_editor.execute("ALTER TABLE everystep_workflow MODIFY idempotency_key varchar(255) NULL")
+    _mysql_collation.default(schema_editor, "everystep_workflow", "idempotency_key")
 
 
 class Migration(migrations.Migration):

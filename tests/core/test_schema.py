@@ -50,6 +50,55 @@ def test_idempotency_keys_have_a_binary_collation_on_mysql():
     assert not cols["name"][2].endswith("_bin")
 
 
+
+def test_step_ids_event_keys_and_worker_names_have_a_binary_collation_on_mysql():
+    """Migration 0017: the same collation as 0016's, for every other column in a
+    unique index or a lookup whose values Python holds apart; types unchanged."""
+    if database.connection().vendor != "mysql":
+        pytest.skip("a MySQL/MariaDB collation")
+    with database.connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLLATION_NAME "
+            "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND COLLATION_NAME IS NOT NULL"
+        )
+        cols = {(table, column): rest for table, column, *rest in cursor.fetchall()}
+    exact = {
+        ("everystep_step", "step_id"): ("varchar(300)", "NO"),
+        ("everystep_wait", "step_id"): ("varchar(300)", "NO"),
+        ("everystep_wait", "key"): ("varchar(255)", "YES"),
+        ("everystep_event", "key"): ("varchar(255)", "NO"),
+        ("everystep_child", "step_id"): ("varchar(300)", "NO"),
+        ("everystep_heartbeat", "name"): ("varchar(255)", "NO"),
+        ("everystep_workflow", "claimed_by"): ("varchar(255)", "YES"),
+        ("everystep_workflow", "idempotency_key"): ("varchar(255)", "YES"),
+    }
+    assert {col: tuple(cols[col][:2]) for col in exact} == exact
+    assert {cols[col][2] for col in exact} == {cols[("everystep_workflow", "idempotency_key")][2]}
+    kept = [("everystep_workflow", "name"), ("everystep_concurrency_limit", "name"),
+            ("everystep_run_fork", "origin_step_id"), ("everystep_step", "name")]
+    assert not any(cols[col][2].endswith("_bin") for col in kept)
+
+
+def test_worker_names_differing_only_by_case_space_or_accent_are_two_workers():
+    """Before migration 0017, on MySQL/MariaDB, "we" and "We" shared one
+    heartbeat, and requeueing the runs of one requeued those of the other."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from everystep import heartbeats, operations
+
+    old = timezone.now() - dt.timedelta(hours=1)
+    runs = {}
+    for name in ("we", "We", "we ", "wé"):
+        heartbeats.beat(name, hostname="h", pid=1, version="v", pool_size=1, started_at=old)
+        runs[name] = Workflow.objects.create(name="x", args=[], status="running", claimed_by=name)
+    assert sorted(Heartbeat.objects.values_list("name", flat=True)) == sorted(runs)
+    Heartbeat.objects.filter(name="we").update(last_seen=old)
+    assert operations.requeue_stale_worker("we", 60) == [runs["we"].id]
+    running = Workflow.objects.filter(status="running").values_list("claimed_by", flat=True)
+    assert sorted(running) == sorted(["We", "we ", "wé"])
+
 def test_step_table_columns():
     cols = columns("everystep_step")
     assert set(cols) == {"id", "workflow_id", "step_id", "name", "args", "kwargs", "status",

@@ -1,8 +1,11 @@
+import uuid
+
 import pytest
 
-from everystep import api, step, workflow
+from everystep import api, start_child, step, workflow
 from everystep.errors import EverystepError
-from everystep.models import Step, Workflow
+from everystep.models import ChildRun, Step, Workflow
+from tests.core import child_workflows as cw
 from tests.core import workflows as w
 from tests.helpers import run_workflow
 
@@ -92,3 +95,36 @@ def test_a_name_longer_than_the_name_column_is_refused_at_import(decorator):
         decorator(make)
     columns = {model._meta.get_field("name").max_length for model in (Workflow, Step)}
     assert columns == {api.MAX_NAME_LENGTH}
+
+
+
+# Names Python holds apart that MySQL/MariaDB's default collation folds into one
+# (case, trailing spaces, accents): migration 0017 makes the columns compare exactly.
+FOLDED = [("charge", "Charge"), ("notify", "notify "), ("resume", "résumé")]
+
+
+@workflow
+def two_names(first, second):
+    return [w.record("a", everystep_id=first), w.charge(1, everystep_id=second)]
+
+
+@workflow
+def two_children(first, second):
+    return [str(start_child(cw.child_of, n, everystep_id=name).id) for n, name in enumerate([first, second])]
+
+
+@pytest.mark.parametrize("first, second", FOLDED)
+def test_names_differing_only_by_case_space_or_accent_are_two_steps(first, second):
+    """Before 0017, on MySQL/MariaDB, the second step's record was taken for a
+    concurrent worker's: the run was requeued for ever (an unsafe step: blocked)."""
+    run = run_workflow(two_names, first, second)
+    assert (run.status, run.result) == ("completed", ["a", {"charged": 1}]), run.error
+    assert sorted(recorded_ids(run)) == sorted([first, second])
+
+
+@pytest.mark.parametrize("first, second", FOLDED)
+def test_names_differing_only_by_case_space_or_accent_start_two_children(first, second):
+    run = run_workflow(two_children, first, second)
+    assert run.status == "completed", run.error
+    links = dict(ChildRun.objects.filter(parent_id=run.id).values_list("step_id", "child_id"))
+    assert links == {first: uuid.UUID(run.result[0]), second: uuid.UUID(run.result[1])}

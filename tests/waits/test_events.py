@@ -76,6 +76,18 @@ def test_an_event_of_another_key_does_not_wake_the_run():
     assert Workflow.objects.get(id=run.id).status == "waiting"
 
 
+@pytest.mark.parametrize("waited, other", [("k", "K"), ("approved", "approved "), ("resume", "résumé")])
+def test_keys_differing_only_by_case_space_or_accent_are_two_events(waited, other):
+    """Before migration 0017, on MySQL/MariaDB, the other key woke the run, its
+    value was served to the wait, and the waited key's send was refused."""
+    run = waiting_run(waited)
+    assert waits.send_event(run.id, other, "other") is True
+    assert Workflow.objects.get(id=run.id).status == "waiting"
+    assert waits.send_event(run.id, waited, "waited") is True
+    assert resume(run).result == "waited"
+    assert sorted(Event.objects.filter(run=run).values_list("key", flat=True)) == sorted([waited, other])
+
+
 def test_a_send_is_rolled_back_with_the_callers_transaction():
     run = waiting_run()
     with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
