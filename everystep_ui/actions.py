@@ -10,6 +10,7 @@ acts); Retry and Stop are also bulk actions of the run list, with a
 confirmation page modelled on Django's ``delete_selected``.
 """
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,9 +74,11 @@ def _send_event(request, run, seen, form) -> str:
     with database.atomic():
         stored = waits.send_event(run.pk, key, value)
         status = Workflow.objects.filter(pk=run.pk).values_list("status", flat=True).get()
+    if not stored:  # not a change: a warning, and nothing in the run's history
+        raise EverystepError(
+            f"Run {run.pk}: event {key!r} was sent before: the first value is kept, this one was not stored."
+        )
     sent = f"Sent event {key!r} with the value {_clip(serde.dumps(value))}"
-    if not stored:
-        return f"Event {key!r} was sent before: the first value is kept, this one was not stored."
     if status != seen:
         return f"{sent}: {seen} -> {status}."
     return f"{sent}; the run does not wait for it yet, it is kept until it does."
@@ -217,7 +220,12 @@ def available_from_step(request, model_admin, run, step_pk=None) -> list[dict]:
 
 def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
     action = ACTIONS[action_name]
-    run = views.get_run(request, model_admin, run_id)
+    try:
+        run = views.get_run(request, model_admin, run_id)
+    except Http404:
+        if request.method != "POST" or not may(request, model_admin, action):
+            raise
+        return _run_gone(request, model_admin, run_id, step_pk)
     if not may(request, model_admin, action, run):
         raise PermissionDenied
     run_url = model_admin.page_url(request, "run", run.pk)
@@ -290,6 +298,20 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
     )
 
 
+def _run_gone(request, model_admin, run_id, step_pk):
+    """A confirmation posted for a run deleted since it was shown: say so and go
+    to the run list (htmx swaps no 404: its Confirm button would do nothing)."""
+    run_pk = views.parse_id(uuid.UUID, run_id)  # a malformed id is still a 404
+    if step_pk is not None:
+        views.parse_id(int, step_pk)
+    model_admin.message_user(request, _gone(run_pk), messages.WARNING)
+    return _back_to(request, model_admin.page_url(request, "changelist"))
+
+
+def _gone(run_id) -> str:
+    return f"Run {run_id} no longer exists; nothing was changed."
+
+
 def _perform(request, model_admin, action, run, seen, form=None) -> str:
     """Take ``action`` on ``run`` and log it on the run's history; returns the
     change. Raises ``EverystepError`` when the operation refused (nothing written)."""
@@ -329,26 +351,30 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
     if not may(request, model_admin, action):
         raise PermissionDenied
     limit = model_admin.bulk_action_limit
-    runs = list(queryset.only("id", "name", "status", "claimed_by")[: limit + 1])
-    if len(runs) > limit:
-        model_admin.message_user(
-            request,
-            f"Select at most {limit} runs for one {action.label.lower()}; nothing was changed.",
-            messages.ERROR,
-        )
-        return None
+    too_many = f"Select at most {limit} runs for one {action.label.lower()}; nothing was changed."
 
     if request.POST.get("post"):
-        seen = {key[len("seen-") :]: value for key, value in request.POST.items() if key.startswith("seen-")}
-        done, refusals = 0, []
+        seen = {
+            views.parse_id(uuid.UUID, key[len("seen-") :]): value
+            for key, value in request.POST.items()
+            if key.startswith("seen-")
+        }
+        if len(seen) > limit:
+            model_admin.message_user(request, too_many, messages.ERROR)
+            return None
+        # Each run the confirmation offered, by id: ``queryset`` holds only those
+        # still matching the list's filters, and one that moved out of them
+        # (a retried run on a status=failed list) must be reported, not dropped.
+        runs = model_admin.get_queryset(request).filter(pk__in=seen).only("id", "name", "status")
+        done, refusals, found = 0, [], set()
         for run in runs:
-            if str(run.pk) not in seen:
-                continue  # not offered on the confirmation page
+            found.add(run.pk)
             try:
-                _perform(request, model_admin, action, run, seen[str(run.pk)])
+                _perform(request, model_admin, action, run, seen[run.pk])
                 done += 1
             except EverystepError as exc:
                 refusals.append(str(exc))
+        refusals += [_gone(run_id) for run_id in seen if run_id not in found]
         if done:
             model_admin.message_user(
                 request, f"{action.done.capitalize()} {done} run{'s' if done > 1 else ''}.", messages.SUCCESS
@@ -365,6 +391,10 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
             model_admin.message_user(request, f"No run was {action.done}.", messages.WARNING)
         return None  # back to the run list
 
+    runs = list(queryset.only("id", "name", "status", "claimed_by")[: limit + 1])
+    if len(runs) > limit:
+        model_admin.message_user(request, too_many, messages.ERROR)
+        return None
     items = []
     for run in runs:
         actionable = run.status in action.allowed_from

@@ -1,9 +1,19 @@
 """Who may open which page, and what malformed or unknown ids answer."""
 
+import importlib
+import sys
+import types
 import uuid
 from urllib.parse import quote
 
 import pytest
+from django.contrib import admin
+from django.core.exceptions import ImproperlyConfigured
+from django.urls import include, path
+
+import everystep_ui.urls
+from everystep.models import Workflow
+from everystep_ui.admin import WorkflowAdmin
 
 from .conftest import HTMX, _user
 
@@ -109,3 +119,64 @@ def test_malformed_and_unknown_ids_are_not_found(admin_client, make_run, mount, 
 
 def test_a_malformed_id_in_the_admin_change_url_is_not_found(admin_client):
     assert admin_client.get("/admin/everystep/workflow/nope/change/").status_code == 404
+
+
+# The standalone mount serves the WorkflowAdmin the project registered
+
+
+class ProjectAdmin(WorkflowAdmin):
+    """A project's own: nobody stops runs from the UI, and one workflow's runs are hidden."""
+
+    def has_stop_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).exclude(name="secret.payroll")
+
+
+@pytest.fixture
+def project(settings, monkeypatch):
+    """``project(admin_class)``: the project registers ``admin_class`` for Workflow
+    (None: nothing) in its admin.py, then its URLconf mounts the admin and everystep_ui.urls."""
+    original = type(admin.site.get_model_admin(Workflow))
+
+    def load(admin_class):
+        admin.site.unregister(Workflow)
+        if admin_class is not None:
+            admin.site.register(Workflow, admin_class)
+        urls = importlib.reload(everystep_ui.urls)
+        urlconf = types.ModuleType("project_urls")
+        urlconf.urlpatterns = [path("admin/", admin.site.urls), path("everystep/", include(urls))]
+        monkeypatch.setitem(sys.modules, urlconf.__name__, urlconf)
+        settings.ROOT_URLCONF = urlconf.__name__
+
+    yield load
+    if admin.site.is_registered(Workflow):
+        admin.site.unregister(Workflow)
+    admin.site.register(Workflow, original)
+    importlib.reload(everystep_ui.urls)
+
+
+def test_the_standalone_mount_withholds_what_the_registered_admin_withholds(admin_client, run_in, project):
+    project(ProjectAdmin)
+    run = run_in("running")
+    for mount in ("/admin/everystep/workflow/", "/everystep/"):
+        response = admin_client.post(f"{mount}{run.pk}/run/stop/", {"seen_status": "running"})
+        assert response.status_code == 403, mount
+    assert Workflow.objects.get(pk=run.pk).status == "running"
+
+
+def test_the_standalone_mount_hides_the_runs_the_registered_admin_hides(admin_client, make_run, project):
+    project(ProjectAdmin)
+    hidden = make_run(name="secret.payroll", args=[{"iban": "DE00 1234"}])
+    for mount in ("/admin/everystep/workflow/", "/everystep/"):
+        assert admin_client.get(f"{mount}{hidden.pk}/run/").status_code == 404, mount
+        assert str(hidden.pk) not in admin_client.get(mount).text, mount
+
+
+def test_the_standalone_mount_needs_a_workflow_admin_if_any_is_registered(project):
+    project(None)
+    assert type(everystep_ui.urls.mounted_admin()) is WorkflowAdmin
+    admin.site.register(Workflow, admin.ModelAdmin)
+    with pytest.raises(ImproperlyConfigured, match="ModelAdmin is not a WorkflowAdmin"):
+        everystep_ui.urls.mounted_admin()

@@ -195,7 +195,18 @@ def test_a_post_without_csrf_token_is_refused(run_in, django_user_model):
 def test_malformed_and_unknown_run_ids_are_not_found(admin_client, action):
     for run_id in ("nope", uuid.UUID(int=7)):
         assert admin_client.get(f"/admin/everystep/workflow/{run_id}/run/{action}/").status_code == 404
-        assert admin_client.post(f"/admin/everystep/workflow/{run_id}/run/{action}/").status_code == 404
+    assert admin_client.post(f"/admin/everystep/workflow/nope/run/{action}/").status_code == 404
+
+
+@pytest.mark.parametrize("extra", [{}, HTMX], ids=["plain", "htmx"])
+def test_confirming_an_action_on_a_run_deleted_meanwhile_says_so(admin_client, run_in, extra):
+    run = run_in("failed")
+    Workflow.objects.filter(pk=run.pk).delete()  # pruned while the confirmation was shown
+    response = admin_client.post(url(run, "retry"), {"seen_status": "failed"}, **extra)
+    # htmx swaps no 404: the Confirm button would silently do nothing.
+    location = response["HX-Redirect"] if extra else response["Location"]
+    assert location == "/admin/everystep/workflow/"
+    assert messages_of(response) == [f"Run {run.pk} no longer exists; nothing was changed."]
 
 
 # The run page's buttons

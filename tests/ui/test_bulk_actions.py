@@ -15,19 +15,19 @@ from .conftest import CHARGE, FETCH, FLAKY
 LIST = "/admin/everystep/workflow/"
 
 
-def choose(client, action, runs, **extra):
+def choose(client, action, runs, path=LIST, **extra):
     """What the run list posts when runs are ticked and an action is chosen."""
     data = {"action": action, "_selected_action": [str(run.pk) for run in runs], "index": "0"}
-    return client.post(LIST, data, **extra)
+    return client.post(path, data, **extra)
 
 
-def confirm(client, page):
-    """Post the confirmation page's form as it is."""
+def confirm(client, page, path=LIST):
+    """Post the confirmation page's form as it is (to the list's URL, with its filters)."""
     form = page.text.split('<form method="post">')[1].split("</form>")[0]
     data = {}
     for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form):
         data.setdefault(name, []).append(value)
-    return client.post(LIST, data)
+    return client.post(path, data)
 
 
 def statuses(*runs):
@@ -97,6 +97,21 @@ def test_runs_that_moved_on_after_the_confirmation_are_left_alone(admin_client, 
     assert messages_of(response) == [
         "Retried 1 run.",
         f"run {second.pk} moved on: it is running now, not failed; nothing was changed",
+    ]
+
+
+def test_a_run_that_left_a_filtered_list_after_the_confirmation_is_reported(admin_client, run_in):
+    # Django hands the action only the selected runs still matching the list's filters.
+    first, second, third = run_in("failed"), run_in("failed"), run_in("failed")
+    page = choose(admin_client, "retry_selected", [first, second, third], path=f"{LIST}?status=failed")
+    Workflow.objects.filter(pk=second.pk).update(status="running", claimed_by="worker-9")
+    Workflow.objects.filter(pk=third.pk).delete()
+    response = confirm(admin_client, page, path=f"{LIST}?status=failed")
+    assert statuses(first, second) == ["scheduled", "running"]
+    assert messages_of(response) == [
+        "Retried 1 run.",
+        f"run {second.pk} moved on: it is running now, not failed; nothing was changed",
+        f"Run {third.pk} no longer exists; nothing was changed.",
     ]
 
 

@@ -379,8 +379,12 @@ def test_unknown_and_malformed_ids_are_not_found(admin_client, fanned, make_run,
     ):
         assert admin_client.get(path).status_code == 404, path
     unknown = uuid.UUID(int=9)
-    for path in (f"{MOUNT}{run.pk}/run/steps/nope/{action}/", f"{MOUNT}{unknown}/run/steps/1/{action}/"):
+    for path in (f"{MOUNT}{run.pk}/run/steps/nope/{action}/", f"{MOUNT}{unknown}/run/steps/nope/{action}/"):
         assert admin_client.post(path, {}).status_code == 404, path
+    # A well-formed id of a run deleted since its confirmation was shown: a message, not a 404.
+    response = admin_client.post(f"{MOUNT}{unknown}/run/steps/1/{action}/", {})
+    assert response.status_code == 302 and response["Location"] == MOUNT
+    assert messages_of(response) == [f"Run {unknown} no longer exists; nothing was changed."]
 
 
 # ---------------------------------------------------------------- permissions and CSRF

@@ -7,6 +7,7 @@ import re
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.messages import WARNING, get_messages
 from django.utils import timezone
 
 from everystep import waits
@@ -112,13 +113,19 @@ def test_an_event_the_run_does_not_wait_for_is_kept(admin_client, waiting_run):
                             "it is kept until it does.")
 
 
-def test_a_second_value_for_a_key_is_not_stored_and_says_so(admin_client, waiting_run):
+def test_a_second_value_for_a_key_is_not_stored_nor_logged_and_warns(admin_client, waiting_run):
     run = waiting_run("time")
     send(admin_client, run, key="k", value='"first"')
-    response = send(admin_client, run, key="k", value='"second"')
+    response = send(admin_client, run, key="k", value='"second"')  # or the first, posted twice
     assert Event.objects.get(run_id=run.pk, key="k").value == "first"
-    message = messages_of(response)[-1]
-    assert "Event 'k' was sent before: the first value is kept, this one was not stored." in message
+    last = list(get_messages(response.wsgi_request))[-1]
+    assert (last.level, str(last)) == (
+        WARNING, f"Run {run.pk}: event 'k' was sent before: the first value is kept, this one was not stored."
+    )
+    assert [entry.change_message for entry in history(run)] == [
+        """Sent event 'k' with the value "first"; the run does not wait for it yet, """
+        "it is kept until it does."
+    ]
 
 
 @pytest.mark.parametrize(
