@@ -313,8 +313,9 @@ def import_string(dotted: str) -> Any:
 
 
 def encode_exception(exc: BaseException) -> dict:
-    """``{"type": "module.Class", "message": str(exc), "args": [...]}``, and
-    ``"traceback"`` (formatted) when the exception left a django.tasks task.
+    """``{"type": "module.Class", "message": str(exc), "args": [...]}``, plus
+    ``"attrs"`` (see ``_attributes``), and ``"traceback"`` (formatted) when
+    the exception left a django.tasks task.
 
     ``args`` keeps the exception's arguments when they are all serializable,
     else only the message, so the stored payload is always valid JSON.
@@ -332,11 +333,60 @@ def encode_exception(exc: BaseException) -> dict:
         except EverystepError:
             args = [message]
     payload = {"type": f"{cls.__module__}.{cls.__qualname__}", "message": message, "args": args}
+    if not isinstance(exc, BaseExceptionGroup):
+        attrs = _attributes(exc)
+        if attrs is not None:
+            payload["attrs"] = attrs
     # A task's failure keeps the traceback django.tasks reports (everystep.tasks sets it).
     formatted = getattr(exc, "_everystep_traceback", None)
     if isinstance(formatted, str):
         payload["traceback"] = storable_text(formatted)
     return payload
+
+
+# Attributes builtin exceptions keep in C fields rather than in __dict__, that
+# their args do not always hold (an OSError's args are (errno, strerror), not
+# its filename; ImportError(msg, name=...) keeps only msg).
+_FIELDS = (
+    (OSError, ("errno", "strerror", "filename", "filename2")),
+    (ImportError, ("name", "path")),
+    (NameError, ("name",)),
+    (AttributeError, ("name",)),
+)
+_BUILTIN_INIT = type(BaseException.__init__)  # a slot wrapper: no __init__ written in Python
+
+
+def _fields(exc: BaseException) -> tuple[str, ...]:
+    return tuple(name for base, names in _FIELDS if isinstance(exc, base) for name in names)
+
+
+def _attributes(exc: BaseException) -> dict | None:
+    """The stored form of ``exc``'s attributes (its ``__dict__`` and the C fields
+    of :data:`_FIELDS`), for :func:`decode_exception` to rebuild it without
+    calling its ``__init__``, which may take other arguments than it keeps in
+    ``args`` (``PaymentDeclined(order_id, code)``, ``JSONDecodeError``).
+
+    None when its ``args`` rebuild it: everystep's own exceptions (each passes
+    all its arguments on, and a ``ChildFailed`` would store its child's error
+    twice), one with nothing to keep and no ``__init__`` of its own, and one
+    with an attribute that cannot be stored: rebuilt without it, its class could
+    fail on the missing attribute (Django's ``ValidationError`` without its
+    ``error_list``), so it is rebuilt from its args as before.
+    """
+    cls = type(exc)
+    if cls.__module__.startswith("everystep."):
+        return None
+    state = {name: value for name, value in vars(exc).items() if name != "_everystep_traceback"}
+    try:
+        for name in _fields(exc):
+            value = getattr(exc, name, None)  # a subclass's property may raise
+            if value is not None:
+                state[name] = value
+        if not state and type(cls.__init__) is _BUILTIN_INIT:
+            return None
+        return encode(state)
+    except Exception:
+        return None
 
 
 def storable_text(text: str) -> str:
@@ -348,8 +398,10 @@ def storable_text(text: str) -> str:
 
 
 def decode_exception(payload: dict) -> BaseException:
-    """Rebuild the stored exception: the original class when importable and
-    constructible from its args, else ``StepFailure`` with the stored message."""
+    """Rebuild the stored exception: the original class when importable, with
+    its args and stored ``"attrs"`` (see ``_rebuilt``), or constructed from
+    its args (a payload without ``"attrs"``), else ``StepFailure`` with the
+    stored message."""
     from .errors import StepFailure
 
     if not isinstance(payload, dict):
@@ -365,8 +417,35 @@ def decode_exception(payload: dict) -> BaseException:
             raise TypeError(type_name)
         if issubclass(cls, BaseExceptionGroup):
             return cls(args[0], [decode_exception(e) for e in args[1]])
+        if "attrs" in payload:
+            return _rebuilt(cls, decode(args), decode(payload["attrs"]))
         return cls(*decode(args))
     except Exception:
         failure = StepFailure(message or type_name)
         failure.original_type = type_name
         return failure
+
+
+def _rebuilt(cls: type[BaseException], args: list, attrs: dict) -> BaseException:
+    """An instance of ``cls`` with ``args`` and ``attrs``, its ``__init__`` not
+    called: ``cls.__new__`` (``BaseException.__new__`` sets ``args``). A class
+    whose ``__init__`` is builtin gets it, as it sets its C fields from its args
+    (``UnicodeDecodeError``, ``SyntaxError``, ``StopIteration``). If ``__new__``
+    raises, the class is constructed from its args, as before ``"attrs"``."""
+    if not isinstance(attrs, dict):
+        raise TypeError("stored exception attrs must be a dict")
+    if type(cls.__init__) is _BUILTIN_INIT:
+        exc = cls(*args)
+    else:
+        try:
+            exc = cls.__new__(cls, *args)
+        except Exception:
+            exc = cls(*args)
+        exc.args = tuple(args)
+    fields = _fields(exc)
+    for name, value in attrs.items():
+        if name in fields:
+            setattr(exc, name, value)
+        else:
+            exc.__dict__[name] = value
+    return exc

@@ -317,3 +317,124 @@ def test_a_steps_own_function_may_use_transactions():
 def test_a_run_inside_a_django_test_cases_transaction_records_its_steps():
     row = run_workflow(w.sequential, 2)
     assert (row.status, row.result) == ("completed", ["s1", "s2"])
+
+
+# A step's stored exception replays as the first pass raised it, also when its
+# __init__ takes other arguments than it keeps in ``args``.
+
+
+@step
+def parse_json(text):
+    import json
+
+    return json.loads(text)
+
+
+@step
+def note_bad_input(message):
+    return f"noted: {message}"
+
+
+@workflow
+def parse_or_note(text):
+    try:
+        return parse_json(text)
+    except ValueError as exc:  # json.JSONDecodeError(msg, doc, pos)
+        return note_bad_input(str(exc))
+
+
+def test_a_caught_json_decode_error_is_caught_again_after_a_crash():
+    uninterrupted = run_workflow(parse_or_note, "{not json")
+    crash_at("2")
+    row = run_workflow(parse_or_note, "{not json")
+    assert row.status == "running"
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert (row.status, row.result) == (uninterrupted.status, uninterrupted.result) == (
+        "completed",
+        "noted: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+    )
+
+
+class CardError(Exception):
+    pass
+
+
+class PaymentDeclined(CardError):
+    def __init__(self, order_id, code):
+        super().__init__(f"order {order_id}: card declined ({code})")
+        self.order_id = order_id
+        self.code = code
+
+
+class Declined(CardError):
+    def __init__(self, code):
+        super().__init__(f"card declined: {code}")
+        self.code = code
+
+
+@step
+def charge_card(kind):
+    raise PaymentDeclined(7, "fraud") if kind == "PaymentDeclined" else Declined("fraud")
+
+
+@step
+def alert_fraud_team():
+    return "alerted"
+
+
+@step
+def retry_later():
+    return "retry scheduled"
+
+
+@step
+def close_order():
+    return "closed"
+
+
+@workflow
+def charge_or_alert(kind):
+    try:
+        charge_card(kind)
+    except CardError as exc:
+        alert_fraud_team() if exc.code == "fraud" else retry_later()
+    return close_order()
+
+
+@pytest.mark.parametrize("kind", ["PaymentDeclined", "Declined"])
+def test_a_caught_exception_with_its_own_init_replays_with_its_attributes(kind):
+    """Rebuilt by calling the class with its stored args, ``PaymentDeclined``
+    failed (``StepFailure``, not caught) and ``Declined`` got the message as its
+    ``code`` (another branch: a false divergence)."""
+    crash_at("3")
+    row = run_workflow(charge_or_alert, kind)
+    assert row.status == "running"
+    runner.execute(Workflow.objects.get(id=row.id), CLAIMER)
+    row.refresh_from_db()
+    assert (row.status, row.result, row.error) == ("completed", "closed", None)
+    assert row.steps.get(step_id="2").name.endswith("alert_fraud_team")
+
+
+@step
+def read_config(path):
+    with open(path) as f:
+        return f.read()
+
+
+@workflow
+def load_config(path):
+    return read_config(path)
+
+
+def test_an_uncaught_oserror_ends_the_resumed_run_with_the_same_error(tmp_path):
+    missing = str(tmp_path / "missing.toml")
+    uninterrupted = run_workflow(load_config, missing)
+    run = schedule(load_config, missing)
+    with crash_before_end(), pytest.raises(SimulatedCrash):
+        runner.execute(claim(run), CLAIMER)
+    row = Workflow.objects.get(id=run.id)
+    runner.execute(row, CLAIMER)  # the restarted worker resumes it
+    row.refresh_from_db()
+    assert (row.status, row.error) == (uninterrupted.status, uninterrupted.error)
+    assert row.error["message"] == f"[Errno 2] No such file or directory: {missing!r}"

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from everystep import serde
-from everystep.errors import EverystepError, StepFailure, Terminal
+from everystep.errors import ChildFailed, EverystepError, StepFailure, Terminal
 from tests.core.workflows import Color
 
 # Text every backend stores: no NUL, no lone surrogate (Cs).
@@ -218,6 +218,74 @@ def test_exception_group_round_trips():
     restored = serde.decode_exception(serde.encode_exception(group))
     assert isinstance(restored, ExceptionGroup)
     assert [type(e) for e in restored.exceptions] == [ValueError, KeyError]
+
+
+class Declined(Exception):
+    def __init__(self, code):
+        super().__init__(f"card declined: {code}")
+        self.code = code
+
+
+def test_an_exception_with_its_own_init_comes_back_with_its_args_and_attributes():
+    payload = serde.encode_exception(Declined("fraud"))
+    assert payload == {"type": "tests.core.test_serde.Declined", "message": "card declined: fraud",
+                       "args": ["card declined: fraud"], "attrs": {"code": "fraud"}}
+    restored = serde.decode_exception(payload)  # Declined(*args) would take the message as code
+    assert type(restored) is Declined
+    assert (restored.args, restored.code) == (("card declined: fraud",), "fraud")
+    assert str(restored) == payload["message"]
+
+
+class OutOfStock(Terminal):
+    def __init__(self, sku):
+        super().__init__(f"{sku} is out of stock")
+        self.sku = sku
+
+
+def test_a_terminal_subclass_with_its_own_init_is_still_a_terminal_on_replay():
+    restored = serde.decode_exception(serde.encode_exception(OutOfStock("A-1")))
+    assert type(restored) is OutOfStock  # OutOfStock(reason, payload) raised TypeError: StepFailure
+    assert restored.sku == "A-1"
+    assert restored.reason == str(restored) == "A-1 is out of stock"
+
+
+def test_builtin_exceptions_keep_what_their_args_leave_out():
+    try:
+        json.loads("{x")
+    except ValueError as exc:
+        decode_error = exc
+    missing = FileNotFoundError(2, "No such file or directory", "/etc/app.toml")
+    for exc in (decode_error, missing, KeyError("k"), ModuleNotFoundError("no x", name="x")):
+        restored = serde.decode_exception(serde.encode_exception(exc))
+        assert type(restored) is type(exc)
+        assert (restored.args, str(restored), vars(restored)) == (exc.args, str(exc), vars(exc))
+    assert restored.name == "x"
+    restored = serde.decode_exception(serde.encode_exception(missing))
+    assert (restored.errno, restored.filename) == (2, "/etc/app.toml")
+
+
+def test_an_exception_with_an_attribute_that_cannot_be_stored_is_rebuilt_from_its_args():
+    exc = Declined("fraud")
+    exc.response = object()
+    payload = serde.encode_exception(exc)
+    assert "attrs" not in payload
+    assert serde.decode_exception(payload).code == "card declined: fraud"  # as before attrs were kept
+
+
+def test_a_payload_stored_before_attrs_decodes_as_before():
+    payload = {"type": "json.decoder.JSONDecodeError", "message": "no value", "args": ["no value"]}
+    restored = serde.decode_exception(payload)  # JSONDecodeError("Expecting value") lacks doc and pos
+    assert isinstance(restored, StepFailure) and str(restored) == "no value"
+
+
+def test_everysteps_own_exceptions_and_a_tasks_traceback_are_not_stored_as_attrs():
+    error = {"type": "builtins.ValueError", "message": "x", "args": ["x"]}
+    child = ChildFailed("child failed", "0190", error)  # its args hold the child's error already
+    assert set(serde.encode_exception(child)) == {"type", "message", "args"}
+    exc = ValueError("bad")
+    exc._everystep_traceback = "Traceback ..."
+    assert serde.encode_exception(exc) == {"type": "builtins.ValueError", "message": "bad", "args": ["bad"],
+                                           "traceback": "Traceback ..."}
 
 
 def test_deeply_nested_values_are_refused_clearly():
