@@ -8,9 +8,9 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection  # noqa: F401  (read by the skipif condition below)
 
-from everystep import claims, operations, step, workflow
+from everystep import claims, database, operations, step, workflow
 from everystep import worker as worker_module
 from everystep.api import schedule
 from everystep.models import Step, Workflow
@@ -155,12 +155,12 @@ DROP SEQUENCE IF EXISTS race_hold_seq;
 
 @pytest.fixture
 def holder():
-    """A connection of the test's own holding the advisory lock; the trigger installed."""
-    params = connection.get_connection_params()
-    conn = psycopg.connect(**params, autocommit=True)
-    conn.execute(HOLD)
-    conn.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
+    """A connection of the test's own to everystep's database (not default's in
+    the split layout) holding the advisory lock; the trigger installed."""
+    conn = psycopg.connect(**database.connection().get_connection_params(), autocommit=True)
     try:
+        conn.execute(HOLD)
+        conn.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
         yield conn
     finally:
         conn.execute("SELECT pg_advisory_unlock_all()")
