@@ -567,7 +567,10 @@ class Worker:
         """Count ``slot`` in flight (under the lock), leaving at once if a stop
         or requeue of its run was heard between its claim and now."""
         self._inflight[slot.run.id] = slot
-        if self._early_notices.pop(slot.run.id, None) is not None:
+        heard = self._early_notices.pop(slot.run.id, None)
+        # A notice older than that was about an earlier claim of the run (notices
+        # are only pruned when a new one comes), not this one: this claim stays.
+        if heard is not None and time.monotonic() - heard < EARLY_NOTICE_KEPT:
             slot.left = True
 
     def _in_flight(self) -> list:

@@ -113,6 +113,28 @@ def test_a_stop_heard_between_the_claim_and_the_slot_is_not_lost(tmp_path, start
     assert started == [], f"the stopped run's step started after the worker heard the stop: {started}"
 
 
+def test_a_control_notice_heard_long_before_a_claim_does_not_end_it(monkeypatch):
+    """A stop heard for a run with no slot here is kept a few seconds for the
+    claim it may race; a later claim of that run (requeued and claimed again
+    minutes on) is not ended by it."""
+    clock = [1000.0]
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    worker = worker_module.Worker(name="w1", install_signals=False, listen=False)
+    run = schedule(w.chain, "unused", 1)
+    worker._on_notice(CONTROL_CHANNEL, str(run.id))  # the run was not claimed here then
+    clock[0] += worker_module.EARLY_NOTICE_KEPT + 60
+    late = worker_module._Slot(worker, run)
+    worker._seat(late)
+    assert not late.left, "a claim minutes after a stale notice was ended by it"
+
+    worker._inflight.pop(run.id)  # that claim ended; the run is claimed here once more
+    worker._on_notice(CONTROL_CHANNEL, str(run.id))
+    clock[0] += 0.5
+    raced = worker_module._Slot(worker, run)
+    worker._seat(raced)
+    assert raced.left, "a notice heard just before the slot was seated was lost"
+
+
 LOCK_KEY = 724242
 
 
