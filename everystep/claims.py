@@ -42,11 +42,11 @@ Status = Workflow.Status
 
 RUN_COLUMNS = [field.column for field in Workflow._meta.concrete_fields]
 # The serde-encoded columns (args, result, error). A claim decodes them run by
-# run (_decode_stored), never inside Django's iteration: a run whose stored
+# run (decode_stored), never inside Django's iteration: a run whose stored
 # arguments no longer decode (an enum changed since) must fail alone, not end
 # the claim of every run claimed with it, and the worker with it.
 _ENCODED = [field for field in Workflow._meta.concrete_fields if isinstance(field, EverystepJSONField)]
-_STORED = "stored_"  # the prefix of such a column read undecoded by the ORM or raw()
+STORED = "stored_"  # the prefix of such a column read undecoded by the ORM or raw()
 
 
 def _returning(columns) -> str:
@@ -78,7 +78,7 @@ SQLITE = (
     "SELECT id FROM everystep_workflow WHERE status = 'scheduled' {not_in}{not_limited}"
     "ORDER BY created_at LIMIT %s) "
     + _returning(
-        f"{column} AS {_STORED}{column}" if column in {field.column for field in _ENCODED} else column
+        f"{column} AS {STORED}{column}" if column in {field.column for field in _ENCODED} else column
         for column in RUN_COLUMNS
     )
 )
@@ -227,7 +227,7 @@ def _claim_sqlite(conn, claimer: str, limit: int, exclude, skip_names) -> list[W
     not_limited = f"AND name NOT IN ({', '.join(['%s'] * len(skip_names))}) " if skip_names else ""
     sql = SQLITE.format(not_in=not_in, not_limited=not_limited)
     runs = Workflow.objects.using(conn.alias).raw(sql, [claimer, *excluded, *skip_names, limit])
-    return [_decode_stored(run, conn, _STORED) for run in runs]
+    return [decode_stored(run, conn) for run in runs]
 
 
 def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Workflow]:
@@ -237,14 +237,14 @@ def _claim_mysql(conn, claimer: str, limit: int, exclude, skip_names) -> list[Wo
     if skip_names:
         runs = runs.exclude(name__in=skip_names)
     with database.atomic():
-        claimed = list(_undecoded(runs).select_for_update()[:limit])
+        claimed = list(undecoded(runs).select_for_update()[:limit])
         if claimed:
             Workflow.objects.using(conn.alias).filter(id__in=[run.id for run in claimed]).update(
                 status=Status.RUNNING, claimed_by=claimer
             )
     for run in claimed:
         run.status, run.claimed_by = Status.RUNNING, claimer
-        _decode_stored(run, conn, _STORED)
+        decode_stored(run, conn)
     return claimed
 
 
@@ -255,10 +255,10 @@ def _run_from_row(conn, row) -> Workflow:
     *values, has_steps = row
     run = Workflow.from_db(conn.alias, RUN_COLUMNS, values)
     run.has_steps = has_steps
-    return _decode_stored(run, conn)
+    return decode_stored(run, conn, prefix="")
 
 
-def _decode_stored(run: Workflow, conn, prefix: str = "") -> Workflow:
+def decode_stored(run: Workflow, conn, prefix: str = STORED) -> Workflow:
     """Decode the run's encoded columns, read undecoded as ``prefix + name``.
     Stored arguments that no longer decode (an enum value or a class they name
     changed or went away since) stay plain JSON, with the error as
@@ -276,11 +276,11 @@ def _decode_stored(run: Workflow, conn, prefix: str = "") -> Workflow:
     return run
 
 
-def _undecoded(runs: models.QuerySet) -> models.QuerySet:
+def undecoded(runs: models.QuerySet) -> models.QuerySet:
     """``runs`` with their encoded columns read as the database gives them, as
-    ``stored_<name>``, for :func:`_decode_stored`."""
+    ``stored_<name>``, for :func:`decode_stored`."""
     names = [field.attname for field in _ENCODED]
-    as_text = {_STORED + name: ExpressionWrapper(F(name), output_field=TextField()) for name in names}
+    as_text = {STORED + name: ExpressionWrapper(F(name), output_field=TextField()) for name in names}
     return runs.defer(*names).annotate(**as_text)
 
 
@@ -293,7 +293,7 @@ def reclaim_own(claimer: str, limit: int) -> list[Workflow]:
     from .operations import release_run
 
     conn = database.connection()
-    parked = list(_undecoded(Workflow.objects.parked_by(claimer)).order_by("created_at"))
+    parked = list(undecoded(Workflow.objects.parked_by(claimer)).order_by("created_at"))
     for run in parked[limit:]:
         release_run(run.id, claimer)
-    return [_decode_stored(run, conn, _STORED) for run in parked[:limit]]
+    return [decode_stored(run, conn) for run in parked[:limit]]

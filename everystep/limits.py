@@ -160,7 +160,7 @@ class _NoLockRow(Exception):
 
 
 def _claim_locked(claimer: str, name: str, limit: int, free: int, exclude) -> list:
-    from .claims import _STORED, _decode_stored, _undecoded
+    from .claims import decode_stored, undecoded
     from .models import ConcurrencyLimit, Workflow
 
     Status = Workflow.Status
@@ -182,14 +182,14 @@ def _claim_locked(claimer: str, name: str, limit: int, free: int, exclude) -> li
         # over a row an operator is changing right now instead of waiting for it.
         skip = conn.vendor == "postgresql"
         # Decoded run by run below: one run whose arguments no longer decode fails alone.
-        claimed = list(_undecoded(runs).select_for_update(skip_locked=skip)[: min(free, room)])
+        claimed = list(undecoded(runs).select_for_update(skip_locked=skip)[: min(free, room)])
         if claimed:
             Workflow.objects.filter(id__in=[run.id for run in claimed]).update(
                 status=Status.RUNNING, claimed_by=claimer
             )
     for run in claimed:
         run.status, run.claimed_by = Status.RUNNING, claimer
-        _decode_stored(run, conn, _STORED)
+        decode_stored(run, conn)
     return claimed
 
 
