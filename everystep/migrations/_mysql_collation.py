@@ -31,20 +31,31 @@ def _exact_collation(cursor, charset: str) -> str:
     return next(c.format(charset=charset) for c in _PREFERRED if c.format(charset=charset) in offered)
 
 
-def exact(schema_editor, table: str, *columns: str) -> None:
-    """Give ``table``'s ``columns`` the first binary collation of _PREFERRED
-    their character set offers, in one ALTER TABLE; type, length, nullability
-    and character set stay as they are, and MySQL rebuilds the indexes."""
+def _modify(schema_editor, table: str, columns, collation) -> None:
+    """One ALTER TABLE that re-states each of ``columns`` as the database holds
+    it (type, length, nullability), with the clause ``collation(cursor,
+    charset)`` gives after its type. Nothing on other backends."""
     if schema_editor.connection.vendor != "mysql":
         return
     with schema_editor.connection.cursor() as cursor:
-        described = _columns(cursor, table, columns)
         changes = [
-            f"MODIFY {schema_editor.quote_name(column)} {column_type} CHARACTER SET {charset} "
-            f"COLLATE {_exact_collation(cursor, charset)} {'NULL' if nullable == 'YES' else 'NOT NULL'}"
-            for column, column_type, nullable, charset in described
+            f"MODIFY {schema_editor.quote_name(column)} {column_type}{collation(cursor, charset)} "
+            f"{'NULL' if nullable == 'YES' else 'NOT NULL'}"
+            for column, column_type, nullable, charset in _columns(cursor, table, columns)
         ]
     schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} {', '.join(changes)}")
+
+
+def exact(schema_editor, table: str, *columns: str) -> None:
+    """Give ``table``'s ``columns`` the first binary collation of _PREFERRED
+    their character set offers; type, length, nullability and character set
+    stay as they are, and MySQL rebuilds the indexes."""
+    _modify(
+        schema_editor,
+        table,
+        columns,
+        lambda cursor, charset: f" CHARACTER SET {charset} COLLATE {_exact_collation(cursor, charset)}",
+    )
 
 
 def default(schema_editor, table: str, *columns: str) -> None:
@@ -52,12 +63,4 @@ def default(schema_editor, table: str, *columns: str) -> None:
     table's defaults, as the columns were made. Fails with a duplicate-key
     error if rows made since hold values that differ only by case, accents
     or trailing spaces in a unique index."""
-    if schema_editor.connection.vendor != "mysql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        described = _columns(cursor, table, columns)
-    changes = [
-        f"MODIFY {schema_editor.quote_name(column)} {column_type} {'NULL' if nullable == 'YES' else 'NOT NULL'}"
-        for column, column_type, nullable, _charset in described
-    ]
-    schema_editor.execute(f"ALTER TABLE {schema_editor.quote_name(table)} {', '.join(changes)}")
+    _modify(schema_editor, table, columns, lambda cursor, charset: "")
