@@ -186,8 +186,8 @@ def check_prepare_threshold(app_configs, **kwargs):
     PgBouncer also drops everystep's prepared statements (see
     ``statements.execute``). Django's cursors bind on the client and are never
     prepared, whatever ``prepare_threshold`` says, unless ``server_side_binding``."""
-    if statements.prepared_statements() is not True:
-        return []  # everystep prepares nothing (or E012 says the setting is not a boolean)
+    if not statements.prepared_statements():
+        return []  # everystep prepares nothing
     alias = database.alias()
     db = settings.DATABASES[alias] if database.is_alias(alias) else {}  # else E003
     options = db.get("OPTIONS") or {}
@@ -217,7 +217,7 @@ def check_prepare_threshold(app_configs, **kwargs):
 def check_prepared_statements_setting(app_configs, **kwargs):
     """``EVERYSTEP_PREPARED_STATEMENTS`` is True or False: a string read from the
     environment ("False") would be truthy and keep them on."""
-    value = statements.prepared_statements()
+    value = statements.prepared_statements_setting()
     if isinstance(value, bool):
         return []
     return [

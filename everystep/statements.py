@@ -130,12 +130,20 @@ def uuid_param(conn, value):
     return value if conn.features.has_native_uuid_field else value.hex
 
 
-def prepared_statements() -> bool:
-    """``EVERYSTEP_PREPARED_STATEMENTS = False`` for a pooler that cannot keep
-    prepared statements (PgBouncer in transaction mode before 1.21)."""
+def prepared_statements_setting():
+    """``EVERYSTEP_PREPARED_STATEMENTS`` as set (True unless set): False for a
+    pooler that cannot keep prepared statements (PgBouncer in transaction mode
+    before 1.21). Check E012 refuses anything but a boolean."""
     from django.conf import settings
 
     return getattr(settings, "EVERYSTEP_PREPARED_STATEMENTS", True)
+
+
+def prepared_statements() -> bool:
+    """Whether the hot path prepares its statements: only when the setting is
+    True. A value E012 refuses ("False" read from the environment, in a process
+    that runs no checks) turns them off, which works behind every pooler."""
+    return prepared_statements_setting() is True
 
 
 def execute(conn, sql: str, params: list, prepared: bool, *, fetch: bool = False):
