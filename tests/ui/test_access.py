@@ -180,3 +180,22 @@ def test_the_standalone_mount_needs_a_workflow_admin_if_any_is_registered(projec
     admin.site.register(Workflow, admin.ModelAdmin)
     with pytest.raises(ImproperlyConfigured, match="ModelAdmin is not a WorkflowAdmin"):
         everystep_ui.urls.mounted_admin()
+
+
+def test_the_standalone_mount_works_with_nothing_registered_for_workflow(admin_client, run_in, project):
+    """A project that unregisters Workflow from the admin keeps the pages at
+    everystep_ui.urls: they link to neither the app page nor the history page,
+    which the admin then does not have."""
+    project(None)
+    run = run_in("failed")
+    step = run.steps.get(step_id="2")
+    pages = ["/everystep/", "/everystep/overview/", f"/everystep/{run.pk}/run/", f"/everystep/{run.pk}/run/steps/{step.pk}/"]
+    for page in pages:
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
+        assert "/admin/everystep/" not in response.text, page
+    confirm = admin_client.post("/everystep/", {"action": "retry_selected", "_selected_action": [run.pk]})
+    assert confirm.status_code == 200 and "Retry selected runs" in confirm.text
+    retried = admin_client.post(f"/everystep/{run.pk}/run/retry/", {"seen_status": "failed"})
+    assert retried.status_code == 302
+    assert Workflow.objects.get(pk=run.pk).status == "scheduled"
