@@ -163,10 +163,14 @@ def wait_for_event(key: str, timeout=None, everystep_id: str | None = None) -> A
     def resolve(state, step_id, params):
         from .models import Event
 
-        sent = Event.objects.filter(run_id=run_id, key=params["key"]).values_list("value", flat=True)
-        for value in sent:
-            return ("done", value)
         deadline = params["wake_at"]
+        sent = Event.objects.filter(run_id=run_id, key=params["key"])
+        # Sent after the deadline, the event lost to the timeout, however late
+        # a worker woke the run for it: the answer must not hang on worker latency.
+        if deadline is not None:
+            sent = sent.filter(sent_at__lte=deadline)
+        for value in sent.values_list("value", flat=True):
+            return ("done", value)
         if deadline is not None and timezone.now() >= deadline:
             return ("failed", WaitTimeout(f"no event {params['key']!r} came before {deadline.isoformat()}"))
         return None

@@ -509,7 +509,10 @@ class Worker:
                 run, self.name, leave_check=slot.leave_check, watch=slot.watch, finish=finish
             )
             if status == Status.WAITING:
-                self._next_wake = 0.0  # its wake time may come before the next look
+                # Its wake time may come before the loop's next look, which it
+                # computed before this wait existed: look again now.
+                self._next_wake = 0.0
+                self._waker.wake()
             if status is None:
                 self._after_leaving(slot)
             else:

@@ -64,8 +64,10 @@ class SendEventForm(RunActionForm):
     """The event's key and its value as JSON; the key the run waits for, if
     it waits for one, is filled in."""
 
+    # Not stripped: "approved " is a key of its own to the engine, and the
+    # one filled in must be sent as it is.
     key = forms.CharField(
-        label="Key", max_length=255, widget=forms.TextInput(attrs={"size": 40}),
+        label="Key", max_length=255, strip=False, widget=forms.TextInput(attrs={"size": 40}),
         help_text="The key the workflow waits for with wait_for_event().",
     )
     value = forms.CharField(

@@ -189,7 +189,8 @@ def test_the_standalone_mount_works_with_nothing_registered_for_workflow(admin_c
     project(None)
     run = run_in("failed")
     step = run.steps.get(step_id="2")
-    pages = ["/everystep/", "/everystep/overview/", f"/everystep/{run.pk}/run/", f"/everystep/{run.pk}/run/steps/{step.pk}/"]
+    run_page = f"/everystep/{run.pk}/run/"
+    pages = ["/everystep/", "/everystep/overview/", run_page, f"{run_page}steps/{step.pk}/"]
     for page in pages:
         response = admin_client.get(page)
         assert response.status_code == 200, page

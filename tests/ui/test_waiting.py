@@ -103,6 +103,19 @@ def test_send_event_wakes_a_run_waiting_for_it_and_logs_it(admin_client, waiting
     assert messages_of(response) == [f"Run {run.pk}: {change}"]
 
 
+
+def test_the_awaited_key_is_sent_as_it_is_trailing_space_and_all(admin_client, waiting_run):
+    # The engine keeps "approved " and "approved" apart: the key filled in is
+    # the one the run waits for, and the form must send it unchanged.
+    run = waiting_run("event")
+    Wait.objects.filter(run=run).update(key="approved ")
+    awaited = {"kind": "event", "key": "approved ", "wake_at": None}
+    Step.objects.filter(workflow=run, step_id="2").update(kwargs=awaited)
+    assert 'name="key" value="approved "' in admin_client.get(url(run, "send_event")).text
+    assert send(admin_client, run, key="approved ").status_code == 302
+    assert list(Event.objects.filter(run_id=run.pk).values_list("key", flat=True)) == ["approved "]
+    assert status_of(run) == "scheduled"
+
 def test_an_event_the_run_does_not_wait_for_is_kept(admin_client, waiting_run):
     run = waiting_run("time")
     response = send(admin_client, run, key="later", value="42")

@@ -138,6 +138,22 @@ def test_an_event_that_arrives_before_the_timeout_wins():
     assert resume(run).result == "in time"
 
 
+def test_an_event_sent_after_the_timeout_passed_loses_to_it_however_late_the_replay():
+    """The timeout passes, a worker wakes the run for it, and the event comes
+    before a worker replays the run: the body still sees WaitTimeout, as it
+    would had the replay come first (the answer must not hang on worker latency)."""
+    run = run_once(schedule(w.awaits_or_gives_up, "approval", 60))
+    assert run.status == "waiting"
+    deadline = timezone.now() - dt.timedelta(seconds=30)  # the timeout has passed
+    started = Step.objects.get(workflow=run, step_id="1")
+    Step.objects.filter(pk=started.pk).update(kwargs={**started.kwargs, "wake_at": deadline})
+    Wait.objects.filter(run=run).update(wake_at=deadline)
+    assert waits.wake_due()[0] == 1
+    assert waits.send_event(run.id, "approval", "too late") is True
+    run = run_once(Workflow.objects.get(id=run.id))
+    assert (run.status, run.result) == ("completed", "timed out")
+
+
 @pytest.mark.parametrize("point", [1, 2])
 def test_a_crash_at_a_wait_serves_the_event_exactly_once(point):
     # 1: after the started row (before the suspension); 2: after the event

@@ -2,10 +2,12 @@
 due run is picked up by the worker's wake-up timer, not the next poll."""
 
 import signal
+import threading
 
 import pytest
 from django.utils import timezone
 
+from everystep import sleep, step, workflow
 from everystep.api import schedule
 from everystep.models import Wait, Workflow
 from tests.waits import workflows as w
@@ -72,3 +74,54 @@ def test_a_sleep_outlives_the_worker_process_that_put_the_run_to_sleep(spawn_wor
     assert row.completed_at >= row.steps.get(step_id="2").kwargs["wake_at"]
     b.signal(signal.SIGTERM)
     assert b.wait() == 0
+
+
+# A run that suspends while its slot goes straight on with the next queued run
+# (docs/waits.md: "a run due in 3 s is claimed about 3 s from now, not at the
+# next poll"): the loop must look again, not sleep on the wait it computed before.
+
+gate = threading.Event()
+hold = threading.Event()
+
+
+@step
+def pass_gate():
+    assert gate.wait(30)
+    return "passed"
+
+
+@step
+def hold_on():
+    hold.wait(60)
+    return "held"
+
+
+@workflow
+def gated_nap():
+    pass_gate()
+    sleep(1)
+    return "after"
+
+
+@workflow
+def holder():
+    return hold_on()
+
+
+def test_a_run_that_suspends_before_its_slot_takes_the_next_run_is_woken_at_its_wake_time(start_worker):
+    gate.clear()
+    hold.clear()
+    nap = schedule(gated_nap)
+    try:
+        # Two slots, one poll a minute (LISTEN off: SQLite/MySQL, or a pgbouncer).
+        start_worker(pool_size=2, poll=60, listen=False, heartbeat_interval=120, recover_stale_after=None)
+        wait_for(lambda: statuses([nap]) == ["running"], what="the nap run to be claimed")
+        other = schedule(holder)  # queued: the nap's slot takes it when the nap suspends
+        gate.set()
+        wait_for(lambda: statuses([nap]) == ["waiting"], what="the nap run to sleep")
+        wait_for(lambda: statuses([other]) == ["running"], what="its slot to take the next run")
+        # One slot is free; the sleep is due in 1 s, the next poll in 60 s.
+        wait_for(lambda: statuses([nap]) == ["completed"], timeout=10, what="the nap run to wake on time")
+    finally:
+        gate.set()
+        hold.set()
