@@ -40,8 +40,9 @@ class Outcome:
 
 class RunState:
     """What all threads of one run share. ``halt`` is the first control
-    exception raised (Terminal, divergence, uncertainty, drain, crash): once
-    set, no further step starts, whatever the body catches."""
+    exception raised (Terminal, divergence, uncertainty, drain, crash), or a
+    wait's ``Suspended`` until one of those replaces it: once set, no further
+    step starts, whatever the body catches."""
 
     def __init__(self, workflow_id, name: str, claimer: str, leave_check: Callable | None = None):
         self.workflow_id = workflow_id
@@ -79,7 +80,11 @@ class RunState:
 
     def halt_with(self, exc: BaseException):
         with self._lock:
-            if self.halt is None:
+            # A wait only defers the run; any other halt must decide how this pass
+            # ends (stopped, blocked, failed, or handed back for a replay), so it
+            # replaces a sibling branch's wait: a run that recorded a Terminal
+            # ends stopped instead of waiting, then waking to go on.
+            if self.halt is None or (isinstance(self.halt, Suspended) and not isinstance(exc, Suspended)):
                 self.halt = exc
             if isinstance(exc, Suspended):
                 self.suspended.append(exc.waiting)

@@ -108,7 +108,16 @@ def _replay(
     state.prepared_statements = statements.prepared_statements()
     # A claim says whether the run has recorded steps (``has_steps``); a run
     # from elsewhere (the ORM, a claim that cannot tell) is loaded.
-    state.store = _load_outcomes(run.id) if getattr(run, "has_steps", True) else {}
+    try:
+        state.store = _load_outcomes(run.id) if getattr(run, "has_steps", True) else {}
+    except EverystepError as exc:  # ended here, as unreadable arguments are, for the observers to see
+        error = EverystepError(
+            f"run {run.id}: a recorded step's result or error cannot be read: {exc}. Something it "
+            "names (a class, an enum member) changed or was removed since the step ran. Deploy code "
+            "that reads it, then retry the run."
+        )
+        return _end(run, claimer, Status.FAILED, exc=error, finish=finish)
+    state.halt = _recorded_terminal(state.store)
     if watch is not None:
         watch(state)
     value, raised = None, None
@@ -132,6 +141,20 @@ def _load_outcomes(run_id) -> dict[str, Outcome]:
     }
 
 
+def _recorded_terminal(store: dict[str, Outcome]) -> Terminal | None:
+    """A ``Terminal`` an earlier pass recorded, to halt this replay with before
+    the body starts: that pass started no step after it, and in a ``parallel``
+    a sibling branch replaying ahead of the Terminal's branch must not start
+    one either (a wait woken meanwhile, a crash before the run's end). One pass
+    over the loaded outcomes per run, no query."""
+    for outcome in store.values():
+        if outcome.status == StepStatus.FAILED:
+            exc = outcome.exception()
+            if isinstance(exc, Terminal):
+                return exc
+    return None
+
+
 def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> str | None:
     from . import operations
     if isinstance(outcome, SimulatedCrash):
@@ -142,6 +165,7 @@ def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> 
         # running here, nothing would ever end the run. Not ours: this matches nothing.
         if database.reconnecting(operations.release_run, run.id, state.claimer):
             logger.warning("run %s: %s; requeued, for a replay that serves it", run.id, outcome)
+            observability.requeued(state.claimer, 1)
             return Status.SCHEDULED
         logger.warning("run %s: %s; leaving it as it is", run.id, outcome)
         return None
@@ -153,17 +177,21 @@ def _conclude(run, state: RunState, value, outcome, finish: Callable | None) -> 
         # time (a timeout) and its event key would not wake the run.
         waiting = database.reconnecting(waits.stopped_at, state)
         status = database.reconnecting(waits.suspend_run, run.id, state.claimer, *waiting)
-        if status is not None:
+        if status == Status.WAITING:
             observability.suspended(run.name, outcome.waiting.kind, state.claimer)
+        # SCHEDULED: a wait was over already, so the run is back in the queue at
+        # once. Neither a suspension nor a requeue: it counts as neither.
         return status
     if isinstance(outcome, DrainOrphan):
         database.reconnecting(operations.release_run, run.id, state.claimer)
+        observability.requeued(state.claimer, 1)
         return Status.SCHEDULED
     if state.engine_error is not None and isinstance(outcome, OperationalError | InterfaceError):
         # The database went away mid-record: the run is fine, its record is not.
         # Put it back so that a replay (here or elsewhere) finishes it.
         logger.warning("run %s: database error while recording (%s); requeueing", run.id, outcome)
         database.reconnecting(operations.release_run, run.id, state.claimer)
+        observability.requeued(state.claimer, 1)
         return Status.SCHEDULED
     if isinstance(outcome, Terminal):
         return _end(run, state.claimer, Status.STOPPED, exc=outcome, finish=finish)

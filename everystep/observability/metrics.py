@@ -127,20 +127,17 @@ class _Series(dict):
 
 _run_series = _Series(runs_ended, run_duration)
 _step_series = _Series(steps_executed, step_duration)
-_requeued_series = _Series(runs_requeued)
 _claimed_series = _Series(runs_claimed)
 
 
 def run_ended(workflow: str, status: str | None, runner: str, seconds: float) -> None:
-    """``status`` as the runner wrote it: terminal, ``scheduled`` (the run left
-    at a step boundary) or None (nothing written: fenced or crashed)."""
+    """``status`` as the runner wrote it; only a terminal one counts here. A
+    ``scheduled`` run was counted where it was requeued (``requeued``): not every
+    one is (a wait over already when the run suspended is back in the queue at once)."""
     if status in _TERMINAL:
         ended, duration = _run_series[workflow, status, runner]
         ended.inc()
         duration.observe(seconds)
-    elif status == RunStatus.SCHEDULED:
-        (requeued_runs,) = _requeued_series[runner,]
-        requeued_runs.inc()
 
 
 def step_executed(workflow: str, step: str, outcome: str, runner: str, seconds: float) -> None:
@@ -268,11 +265,20 @@ def worker_families():
     return [states, silence]
 
 
+_discovered = False  # whether this process imported its apps' workflows modules for the scrape
+
+
 def cron_missed_family():
     """Per cron schedule, whether its latest slot older than 30 s has no run
     (two index lookups per schedule; no schedule, no query)."""
     from .. import cron, registry
 
+    global _discovered
+    if not _discovered:
+        # A web process without everystep_ui (gunicorn: no system checks) may not
+        # have imported them: it would know no schedule. Once: they stay imported.
+        registry.autodiscover()
+        _discovered = True
     family = GaugeMetricFamily(
         "everystep_cron_missed",
         "1 when a cron schedule's latest slot (older than 30 s) has no run, read at scrape time.",

@@ -14,6 +14,7 @@ not recording, and its steps and forks then make none.
 """
 
 import logging
+import os
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
@@ -24,11 +25,17 @@ from ..errors import DrainOrphan, EffectUncertain, SimulatedCrash, Suspended, Te
 
 logger = logging.getLogger("everystep")
 
-# A proxy until the project sets its provider, then that provider's tracer.
-tracer = trace.get_tracer("everystep")
+# A proxy until the project sets its provider, then that provider's tracer. Not
+# trace.get_tracer(): that loads the provider OTEL_PYTHON_TRACER_PROVIDER names,
+# and raises at import when it is not installed.
+tracer = trace.ProxyTracer("everystep")
+_provider_failed = False  # that provider did not load: tracing is off, said once
 
 _CONTROL = (Terminal, EffectUncertain, DrainOrphan, SimulatedCrash, Suspended)
 _NOT_RECORDED = "not_recorded"  # the run's end was not written (fenced, simulated crash)
+# The run's span, kept in the run's context: a branch thread carries it (carry_context),
+# where the current span is the fork's.
+_RUN_SPAN = otel_context.create_key("everystep.run_span")
 
 
 @contextmanager
@@ -72,8 +79,23 @@ def _fail(span, exc: BaseException) -> None:
 def _configured() -> bool:
     """Whether the project set a tracer provider (in code, or through
     ``OTEL_PYTHON_TRACER_PROVIDER``). Until it does, the API's tracer makes
-    only spans that record nothing."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    only spans that record nothing. A provider named there that does not load
+    (the API raises, StopIteration included, on every look) turns tracing off:
+    the extra is optional, its failures must not stop a run."""
+    global _provider_failed
+    if _provider_failed:
+        return False
+    try:
+        provider = trace.get_tracer_provider()
+    except Exception:
+        _provider_failed = True
+        logger.warning(
+            "OTEL_PYTHON_TRACER_PROVIDER=%r does not load; everystep makes no spans",
+            os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"),
+            exc_info=True,
+        )
+        return False
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 @contextmanager
@@ -89,11 +111,14 @@ def run_span(run, claimer: str):
         "everystep.runner": claimer,
     }
     with _quiet_span(run.name, attributes) as span:
+        token = otel_context.attach(otel_context.set_value(_RUN_SPAN, span))
         try:
             yield span
         except Exception as exc:  # an engine error outside the body
             _fail(span, exc)
             raise
+        finally:
+            otel_context.detach(token)
 
 
 def run_ended(span, status: str | None) -> None:
@@ -108,8 +133,8 @@ def run_failed(exc: BaseException) -> None:
 def child_started(step_id: str, child: str, child_id) -> None:
     """An event on the run's span: the parent's trace names each child it
     started (the child's own run span carries its run id)."""
-    span = trace.get_current_span()
-    if span.is_recording():
+    span = otel_context.get_value(_RUN_SPAN)
+    if span is not None and span.is_recording():
         attributes = {
             "everystep.step_id": step_id, "everystep.workflow": child, "everystep.run_id": str(child_id),
         }

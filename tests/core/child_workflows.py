@@ -1,7 +1,7 @@
 """Workflows that start child runs, for the child-run tests."""
 
 from everystep import sleep, start_child, step, workflow
-from tests.core.workflows import charge, effect, record
+from tests.core.workflows import charge, effect, effects, record
 
 
 @workflow
@@ -105,6 +105,49 @@ def parent_of(kind, arg):
         return {"raised": "ChildStopped", "child": str(exc.child_id), "message": exc.error["message"]}
     record(f"got:{value}")
     return {"value": value, "child": str(handle.id)}
+
+
+@step
+def cancels_once_the_sibling_waits(reason):
+    """Raises Terminal once the sibling branch's wait for the child halted the run."""
+    from everystep import Terminal
+    from everystep.context import current
+    from everystep.errors import Suspended
+    from tests.worker.support import wait_for
+
+    effect("cancelling")
+    state = current().state
+    wait_for(lambda: isinstance(state.halt, Suspended), timeout=10, interval=0.01, what="the sibling's wait")
+    raise Terminal(reason)
+
+
+@workflow
+def ships_unless_cancelled():
+    """One branch waits for a child's result and ships it; the other branch's
+    step cancels the run meanwhile. On the first pass the wait comes while the
+    cancelling step is in flight; on a replay the cancelling branch lets the
+    shipping one go as far as it may first (the thread timing a woken or
+    resumed run can have)."""
+    from everystep import parallel
+    from everystep.context import current
+    from tests.worker.support import wait_for
+
+    handle = start_child(child_of, "parcel")
+
+    def ship():
+        wait_for(lambda: effects["cancelling"], timeout=10, interval=0.01, what="the cancelling step")
+        return record(f"shipped:{handle.result()}")
+
+    def cancel():
+        state = current().state
+        if effects["cancelling"]:  # a replay
+            wait_for(
+                lambda: state.halt is not None or effects["shipped:child:parcel"],
+                timeout=10, interval=0.01, what="the shipping branch",
+            )
+        return cancels_once_the_sibling_waits("customer cancelled")
+
+    return parallel(ship, cancel)
 
 
 @workflow

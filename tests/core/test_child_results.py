@@ -221,3 +221,31 @@ def test_a_fork_holding_a_copy_of_the_call_is_woken_by_the_childs_end_too():
     run_once(child)
     assert status_of(fork) == "scheduled"
     assert run_once(Workflow.objects.get(id=fork.id)).result == {"value": "child:i", "child": str(child.id)}
+
+
+def test_a_terminal_in_a_branch_stops_the_run_even_when_a_sibling_waits_for_a_child():
+    """ENGINE.md: a Terminal in any branch is raised as is and the run ends
+    stopped; the sibling branch's wait for its child must not make it wait."""
+    parent = run_once(schedule(cw.ships_unless_cancelled))
+    terminal = Step.objects.get(workflow_id=parent.id, step_id="2.1.1")
+    assert terminal.status == "failed" and terminal.error["type"] == "everystep.errors.Terminal"
+    assert (parent.status, parent.error["message"]) == ("stopped", "customer cancelled")
+    assert not Wait.objects.filter(run_id=parent.id).exists()
+
+
+def test_no_step_starts_after_a_recorded_terminal_once_the_child_ended():
+    """A crash after the Terminal's row, before the run's end: once the child
+    ended, the replay's shipping branch gets its result first, and must still
+    start no step after the recorded Terminal."""
+    parent = schedule(cw.ships_unless_cancelled)
+    with crash_before_end(), pytest.raises(SimulatedCrash):
+        runner.execute(claim(parent), CLAIMER)
+    recorded = dict(Step.objects.filter(workflow_id=parent.id).values_list("step_id", "status"))
+    assert recorded == {"1": "done", "2.0.1": "started", "2.1.1": "failed"}
+    child = Workflow.objects.get(parent_link__parent_id=parent.id)
+    assert run_once(child).status == "completed"
+    runner.execute(Workflow.objects.get(id=parent.id), CLAIMER)  # the restarted worker resumes it
+    parent = Workflow.objects.get(id=parent.id)
+    assert (parent.status, parent.error["message"]) == ("stopped", "customer cancelled")
+    assert w.effects["shipped:child:parcel"] == 0, "a step ran after the run had recorded its Terminal"
+    assert not Step.objects.filter(workflow_id=parent.id, step_id="2.0.2").exists()

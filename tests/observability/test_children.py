@@ -13,6 +13,7 @@ from everystep.errors import SimulatedCrash
 from everystep.models import Workflow
 from tests.core import child_workflows as cw
 from tests.helpers import run_once
+from tests.observability import workflows as ow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,3 +58,11 @@ def test_the_parents_run_span_names_each_child_it_started(spans):
         {"everystep.step_id": step, "everystep.workflow": CHILD, "everystep.run_id": str(children[step])}
         for step in ("1", "second")
     ]
+
+
+def test_children_started_in_parallel_branches_are_events_of_the_run_span(spans):
+    # Not of the fork's span, which is the current one in the branch threads.
+    assert run_once(schedule(ow.starts_children_in_branches)).status == "completed"
+    [run] = [span for span in spans.get_finished_spans() if span.parent is None]
+    started = [event for event in run.events if event.name == "everystep.child_started"]
+    assert len(started) == 2

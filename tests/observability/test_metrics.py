@@ -1,6 +1,8 @@
 import datetime as dt
+import os
 import re
 import socket
+import textwrap
 import urllib.request
 import uuid
 
@@ -15,6 +17,7 @@ from everystep.models import Workflow
 from tests.core import workflows as w
 from tests.helpers import run_workflow
 from tests.observability import support
+from tests.observability import workflows as ow
 from tests.observability.workflows import branch_fails
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,6 +84,12 @@ def test_stopped_and_blocked_runs_are_counted_by_status():
     assert support.blocked_run(runner).status == "blocked"
     assert ended(w.pays, "blocked", runner) == 1
     assert steps(w.pays, "tests.core.workflows.charge", "done", runner) == 0  # it did not run
+
+
+def test_a_run_the_worker_fails_before_its_body_counts_its_failed_end(monkeypatch):
+    runner = runner_name()
+    support.run_with_an_unreadable_step(monkeypatch, runner)
+    assert ended(ow.picks_a_shade, "failed", runner) == 1
 
 
 def test_replayed_steps_are_not_counted_and_a_drained_pass_is_a_requeue():
@@ -280,6 +289,68 @@ def test_metrics_view_says_which_schedules_missed_their_latest_slot(client, cron
     assert missed() == {hourly: 1, fresh: 0}  # fresh never ran: nothing to miss
     Workflow.objects.create(name=hourly, idempotency_key=schedule.key(latest))
     assert missed() == {hourly: 0, fresh: 0}
+
+
+CRON_APP_WORKFLOWS = textwrap.dedent(
+    """
+    from everystep import workflow
+
+
+    @workflow(cron="*/5 * * * *")
+    def every_five_minutes(slot):
+        return None
+    """
+)
+
+SETTINGS_WITHOUT_THE_UI = textwrap.dedent(
+    """
+    from tests.settings import *  # noqa: F401,F403
+
+    INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "everystep_ui"] + ["obs_cron_app"]
+    """
+)
+
+# As a WSGI server's process: django.setup(), then a request to the mounted view.
+SCRAPE_CRON_MISSED = textwrap.dedent(
+    """
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+    from django.test import RequestFactory
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from everystep.views import metrics_view
+
+    response = metrics_view(RequestFactory().get("/metrics"))
+    assert response.status_code == 200, response.status_code
+    for family in text_string_to_metric_families(response.content.decode()):
+        if family.name == "everystep_cron_missed":
+            print(sorted((sample.labels["workflow"], sample.value) for sample in family.samples))
+    """
+)
+
+
+def test_metrics_view_in_a_web_process_without_the_ui_knows_the_cron_schedules(tmp_path):
+    # Nothing there imports the apps' workflows modules (no everystep_ui, no
+    # system checks under a WSGI server): the view does. A fresh process,
+    # because this one has every workflow registered already.
+    app = tmp_path / "obs_cron_app"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "workflows.py").write_text(CRON_APP_WORKFLOWS)
+    (tmp_path / "obs_cron_settings.py").write_text(SETTINGS_WITHOUT_THE_UI)
+    done = support.run_script(
+        SCRAPE_CRON_MISSED,
+        tmp_path,
+        DJANGO_SETTINGS_MODULE="obs_cron_settings",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(support.ROOT)]),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The schedule never ran: its series is there, at 0.
+    assert done.stdout.strip() == "[('obs_cron_app.workflows.every_five_minutes', 0.0)]"
 
 
 def free_port():

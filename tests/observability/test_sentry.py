@@ -70,3 +70,11 @@ def test_a_run_of_an_unknown_workflow_is_reported_with_the_reason(sentry_events)
     [exception] = event["exception"]["values"]
     assert exception["type"] == "EverystepError" and "gone.workflow" in exception["value"]
     assert event["contexts"]["everystep"]["run_id"] == str(run.id)
+
+
+def test_a_run_the_worker_fails_before_its_body_is_reported(monkeypatch, sentry_events):
+    # Its recorded step result no longer decodes: the worker fails it from the engine's side.
+    row = support.run_with_an_unreadable_step(monkeypatch, "worker-a")
+    reported = [event for event in sentry_events if event.get("contexts", {}).get("everystep")]
+    assert len(reported) == 1
+    assert reported[0]["contexts"]["everystep"]["run_id"] == str(row.id)

@@ -1,3 +1,4 @@
+import textwrap
 from collections import Counter
 
 import pytest
@@ -150,6 +151,36 @@ def test_without_a_tracer_provider_a_run_starts_no_span(spans, monkeypatch):
     assert run_workflow(w.failing).status == "failed"
     assert started == []
     assert spans.get_finished_spans() == ()
+
+
+MISCONFIGURED = textwrap.dedent(
+    """
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+    from tests.core import workflows as w
+    from tests.helpers import run_workflow
+
+    assert run_workflow(w.three_steps).status == "completed"
+    assert run_workflow(w.forked).status == "completed"
+    print("ok")
+    """
+)
+
+
+def test_a_tracer_provider_that_does_not_load_turns_tracing_off(tmp_path):
+    # The API installed and OTEL_PYTHON_TRACER_PROVIDER naming a provider that is
+    # not (the SDK's, in an image without it): everystep loads, runs work, and
+    # says once why it makes no spans. A fresh process: the provider is set once per process.
+    done = support.run_script(
+        MISCONFIGURED, tmp_path, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider_not_installed"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+    assert done.stderr.count("everystep makes no spans") == 1
 
 
 class _Raising(SpanProcessor):

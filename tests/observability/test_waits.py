@@ -18,6 +18,7 @@ from tests.waits import workflows as w
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NAPS = "tests.waits.workflows.naps"
+AWAITS = "tests.waits.workflows.awaits"
 
 
 def value(name, **labels):
@@ -29,8 +30,36 @@ def test_a_suspension_is_counted_by_workflow_kind_and_runner():
     run_once(schedule(w.naps, 3600), runner)
     run_once(schedule(w.awaits, "k", None), runner)
     assert value("everystep_runs_suspended_total", workflow=NAPS, kind="time", runner=runner) == 1
-    awaits = "tests.waits.workflows.awaits"
-    assert value("everystep_runs_suspended_total", workflow=awaits, kind="event", runner=runner) == 1
+    assert value("everystep_runs_suspended_total", workflow=AWAITS, kind="event", runner=runner) == 1
+
+
+@pytest.fixture
+def event_sent_before_the_suspension(monkeypatch):
+    """Another process sends the awaited event after the wait found none and
+    before the run's suspension is written (the race ``Waiting.ready`` covers):
+    the run goes straight back to ``scheduled``."""
+    real = waits.stopped_at
+
+    def stopped_at(state):
+        waits.send_event(state.workflow_id, "go", "yes")
+        return real(state)
+
+    monkeypatch.setattr(waits, "stopped_at", stopped_at)
+
+
+def test_a_wait_over_at_suspension_is_not_counted_as_a_requeue(event_sent_before_the_suspension):
+    runner = f"runner-{uuid.uuid4().hex[:8]}"
+    row = run_once(schedule(w.awaits, "go"), runner)
+    assert row.status == "scheduled"  # back in the queue at once, for the replay that reads the event
+    assert value("everystep_runs_requeued_total", runner=runner) == 0  # no drain, no outage
+
+
+def test_a_wait_over_at_suspension_is_not_counted_as_a_suspension(event_sent_before_the_suspension):
+    runner = f"runner-{uuid.uuid4().hex[:8]}"
+    row = run_once(schedule(w.awaits, "go"), runner)
+    assert row.status == "scheduled"
+    # It never left its worker as waiting.
+    assert value("everystep_runs_suspended_total", workflow=AWAITS, kind="event", runner=runner) == 0
 
 
 def test_an_event_is_counted_once_its_send_commits():
@@ -38,16 +67,15 @@ def test_an_event_is_counted_once_its_send_commits():
 
     from everystep import database
 
-    awaits = "tests.waits.workflows.awaits"
-    before = value("everystep_events_sent_total", workflow=awaits)
+    before = value("everystep_events_sent_total", workflow=AWAITS)
     run = run_once(schedule(w.awaits, "k", None))
     with pytest.raises(RuntimeError), transaction.atomic(using=database.alias()):
         waits.send_event(run.id, "k", 1)
         raise RuntimeError("rolled back")
-    assert value("everystep_events_sent_total", workflow=awaits) == before
+    assert value("everystep_events_sent_total", workflow=AWAITS) == before
     waits.send_event(run.id, "k", 1)
     waits.send_event(run.id, "k", 2)  # a repeated key stores nothing
-    assert value("everystep_events_sent_total", workflow=awaits) == before + 1
+    assert value("everystep_events_sent_total", workflow=AWAITS) == before + 1
 
 
 def test_the_worker_counts_the_runs_it_woke():

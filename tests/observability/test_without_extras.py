@@ -4,13 +4,9 @@ A subprocess, because the extras are imported in this one: a finder placed
 first on ``sys.meta_path`` makes them unimportable before everystep loads.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.observability import support
 
 SCRIPT = textwrap.dedent(
     """
@@ -72,19 +68,6 @@ SCRIPT = textwrap.dedent(
 
 
 def test_runs_work_and_nothing_is_imported_without_the_extras(tmp_path):
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("EVERYSTEP_TEST_", "SENTRY_", "OTEL_"))  # its own SQLite file
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        EVERYSTEP_TEST_SQLITE_NAME=str(tmp_path / "no-extras.sqlite3"),
-        PYTHONPATH=str(ROOT),
-        PYTHONWARNINGS="error",
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    done = support.run_script(SCRIPT, tmp_path, PYTHONWARNINGS="error")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

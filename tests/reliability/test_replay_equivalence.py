@@ -22,7 +22,9 @@ The run is then resumed. The rule:
   missing;
 - an unsafe step whose record is missing is never run again: the resumed run
   ends ``blocked`` with ``EffectUncertain`` naming it; resolved with the value
-  its function returned, the run then ends as the reference did.
+  its function returned, the run then ends as the reference did;
+- once the crashed pass recorded a ``Terminal``, the resumed run starts no step
+  (a sibling lost in flight included) and ends as the reference did.
 """
 
 import threading
@@ -138,6 +140,10 @@ def rows_of(run_id) -> dict:
             "step_id", "name", "status", "args", "kwargs", "result", "error"
         )
     }
+
+
+def holds_terminal(rows: dict) -> bool:
+    return any((row["error"] or {}).get("type") == "everystep.errors.Terminal" for row in rows.values())
 
 
 def observe(run_id, trace=()) -> Observed:
@@ -327,6 +333,13 @@ def check_crash_and_resume(shape, ref: Observed, plan: Plan) -> None:
     shapes.new_pass()
     runner.execute(Workflow.objects.get(id=run.id), CLAIMER)  # the restarted worker
     row = Workflow.objects.get(id=run.id)
+    if holds_terminal(after.rows):
+        # No step starts after a recorded Terminal, not even one lost in flight
+        # or caught mid-effect: the run with the Terminal's branch ahead of it.
+        final = observe(run.id)
+        assert (final.status, final.result, final.error) == (ref.status, ref.result, ref.error), context
+        assert (final.rows, final.executions) == (after.rows, after.executions), context
+        return
     if uncertain:
         event("resumed run blocked on an unsafe step")
     settled = after.rows  # what the pass just resumed started from

@@ -15,7 +15,7 @@ from django.utils import timezone
 from everystep import database, runner, waits
 from everystep.api import schedule
 from everystep.context import current
-from everystep.errors import EverystepError, SimulatedCrash
+from everystep.errors import EverystepError, SimulatedCrash, Suspended
 from everystep.models import Event, Step, Wait, Workflow
 from tests.helpers import CLAIMER, run_once
 from tests.waits import workflows as w
@@ -403,6 +403,26 @@ def test_a_sibling_halting_first_does_not_stop_a_branch_at_its_recorded_wait():
     assert run.status == "waiting"
     assert wait_rows(run) == {("1.0.1", "cancel", None)}
     assert Step.objects.get(workflow=run, step_id="1.1.1").status == "done"
+
+
+def test_a_terminal_in_a_branch_stops_the_run_even_when_a_sibling_branch_waits():
+    """ENGINE.md: a Terminal in any branch is raised as is and the run ends
+    stopped. Here the sibling branch's wait halts the run while the refusing
+    step is in flight: the Terminal still wins, and no wait row is written."""
+    refused = threading.Event()
+
+    def wait_halts_while_the_refusal_runs(ctx, step_id):
+        if step_id == "1.0.1":  # the wait's started row is written; it halts the run next
+            assert refused.wait(10)
+        elif step_id == "1.1.1":  # the step raised Terminal; its row is written next
+            refused.set()
+            wait_for(lambda: isinstance(ctx.state.halt, Suspended), timeout=10, interval=0.01, what="a wait")
+
+    with mock.patch.object(runner, "fault", wait_halts_while_the_refusal_runs):
+        run = run_once(schedule(w.approval_or_refusal))
+    assert (run.status, run.error["type"]) == ("stopped", "everystep.errors.Terminal")
+    assert run.error["message"] == "order is invalid"
+    assert not Wait.objects.filter(run=run).exists()
 
 
 @pytest.mark.parametrize("woken_by", ["its timeout", "its event"])

@@ -5,7 +5,7 @@ import datetime as dt
 import threading
 from collections import Counter
 
-from everystep import WaitTimeout, sleep, sleep_until, step, wait_for_event, workflow
+from everystep import Terminal, WaitTimeout, sleep, sleep_until, step, wait_for_event, workflow
 
 effects: Counter = Counter()
 _lock = threading.Lock()
@@ -124,6 +124,19 @@ def approval_or_cancel(timeout, ask=False):
             return note("timed out")
 
     return parallel(lambda: wait_for_event("cancel"), approval)
+
+
+@step
+def refuse(reason):
+    raise Terminal(reason)
+
+
+@workflow
+def approval_or_refusal():
+    """A branch waits for "approval" while its sibling's step stops the run."""
+    from everystep import parallel
+
+    return parallel(lambda: wait_for_event("approval"), lambda: refuse("order is invalid"))
 
 
 @workflow
