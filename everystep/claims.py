@@ -93,7 +93,14 @@ def claim_runs(claimer: str, limit: int, *, exclude=()) -> list[Workflow]:
     runs = limits.claim_limited(claimer, limit, exclude, limited) if limited else []
     if len(runs) < limit:
         claim = {"postgresql": _claim_postgresql, "sqlite": _claim_sqlite}.get(conn.vendor, _claim_mysql)
-        runs += claim(conn, claimer, limit - len(runs), exclude, sorted(limited))
+        try:
+            runs += claim(conn, claimer, limit - len(runs), exclude, sorted(limited))
+        except DatabaseError as exc:
+            if not runs:
+                raise
+            # The limited runs are committed under our name: dropped here, they
+            # would stay running with nobody executing them. The next claim retries.
+            limits.kept_after_failure(claimer, runs, exc)
     return sorted(runs, key=lambda run: run.created_at)  # RETURNING keeps no order
 
 

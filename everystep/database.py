@@ -117,15 +117,20 @@ def close_quietly() -> None:
         connection().close()
 
 
-def reconnecting(func, *args, attempts: int = 30, **kwargs):
+def reconnecting(func, *args, attempts: int = 30, give_up=None, **kwargs):
     """Call ``func``, reconnecting through a database restart (about a minute):
-    a run's end or a requeue must not be lost to a short outage."""
+    a run's end or a requeue must not be lost to a short outage. ``give_up``:
+    a callable, true once retrying must stop (the last error is raised)."""
     for attempt in range(attempts):
         try:
             return func(*args, **kwargs)
         except (OperationalError, InterfaceError) as exc:
-            if attempt == attempts - 1:
+            if attempt == attempts - 1 or (give_up is not None and give_up()):
                 raise
             logger.warning("database unavailable (%s); reconnecting", exc)
             close_quietly()
-            time.sleep(min(0.2 * 2**attempt, 2.0))
+            resume = time.monotonic() + min(0.2 * 2**attempt, 2.0)
+            while (pause := resume - time.monotonic()) > 0:
+                if give_up is not None and give_up():
+                    raise
+                time.sleep(min(pause, 0.1))  # a give_up() heard within 0.1 s

@@ -36,8 +36,10 @@ claimed runs ``running`` under the claimer's name, as an unlimited claim does.
 """
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from . import database
@@ -47,6 +49,8 @@ from .errors import EverystepError
 # PositiveIntegerField is a signed 32-bit integer on PostgreSQL (MariaDB/MySQL:
 # unsigned, SQLite: 64 bits).
 MAX_LIMIT = 2**31 - 1
+
+logger = logging.getLogger("everystep")
 
 
 def checked(workflow: str, value) -> int | None:
@@ -139,8 +143,28 @@ def claim_limited(claimer: str, free: int, exclude, limits: dict[str, int]) -> l
     for _, name in waiting:
         if len(claimed) >= free:
             break
-        claimed += _claim_workflow(claimer, name, limits[name], free - len(claimed), exclude)
+        try:
+            claimed += _claim_workflow(claimer, name, limits[name], free - len(claimed), exclude)
+        except DatabaseError as exc:
+            if not claimed:
+                raise
+            # The workflows claimed before are committed: their runs must be executed.
+            kept_after_failure(claimer, claimed, exc)
+            break
     return claimed
+
+
+def kept_after_failure(claimer: str, claimed: list, exc: DatabaseError) -> None:
+    """A claim failed after part of it committed: ``claimed`` goes to the
+    worker all the same (left out, its runs would stay ``running`` under a live
+    worker, holding their workflows' slots); the failure is told here."""
+    logger.warning(
+        "worker %r: part of a claim failed (%s); executing the %d run(s) claimed before it",
+        claimer,
+        exc,
+        len(claimed),
+    )
+    database.close_quietly()  # a connection broken by the failure: the next query reconnects
 
 
 def _claim_workflow(claimer: str, name: str, limit: int, free: int, exclude) -> list:

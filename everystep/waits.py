@@ -72,6 +72,10 @@ WAIT_STEP_NAMES = {SLEEP, WAIT_FOR_EVENT, CHILD_RESULT}
 MAX_KEY_LENGTH = 255
 # Runs woken per transaction by wake_due; a larger backlog takes several.
 WAKE_BATCH = 500
+# Transactions per wake_due call: the worker loop writes its heartbeat between
+# two calls, and a backlog of due runs too long to wake in one heartbeat must
+# not get the worker judged dead (the loop calls again at once while runs are due).
+WAKE_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -415,9 +419,11 @@ def wake(run_id, **wait_filter) -> bool:
     return True
 
 
-def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tuple[int, dt.datetime | None]:
-    """Wake every waiting run whose wake time has come; the worker loop calls
-    it. Returns how many were woken and the next wake time (``None``: none).
+def wake_due(now: dt.datetime | None = None, *, batch: int | None = None) -> tuple[int, dt.datetime | None]:
+    """Wake the waiting runs whose wake time has come, at most
+    :data:`WAKE_BATCHES` transactions of ``batch`` (:data:`WAKE_BATCH`) runs;
+    the worker loop calls it. Returns how many were woken and the next wake
+    time (``None``: none; a time already past: more are due, call again).
 
     Two workers may call it at once: each locks the runs it wakes, skipping
     runs another one holds (where the database can skip locks), and the
@@ -437,9 +443,10 @@ def wake_due(now: dt.datetime | None = None, *, batch: int = WAKE_BATCH) -> tupl
     first = _next_wake_at()
     if first is None or first > now:
         return 0, first
+    batch = batch or WAKE_BATCH
     skip_locked = database.connection().features.has_select_for_update_skip_locked
     woken = 0
-    while True:
+    for _ in range(WAKE_BATCHES):
         with database.atomic():
             candidates = _due_candidates(now, batch)
             if not candidates:

@@ -329,13 +329,17 @@ class Worker:
                 try:
                     if not recovered:
                         claimed = claims.reclaim_own(self.name, free)
+                        recovered = True
                         if claimed:
                             logger.warning(
                                 "worker %r: resuming %d run(s) left running under its name",
                                 self.name,
                                 len(claimed),
                             )
-                        recovered = True
+                        # At once: should the claim below fail, they would stay running
+                        # under a live worker, which no recovery takes them from.
+                        for run in claimed:
+                            self._submit(executor, run)
                     # Not the runs just reclaimed either: requeued meanwhile, one would be claimed twice.
                     busy = [*self._in_flight(), *(run.id for run in claimed)]
                     fresh = claims.claim_runs(self.name, free - len(claimed), exclude=busy)
@@ -359,7 +363,7 @@ class Worker:
                     self._waker.wait(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
-                for run in claimed:
+                for run in fresh:
                     self._submit(executor, run)
             # After claiming, so that a NOTIFYed run is not held up by it; a run
             # woken here is claimed by the next turn, at once.
@@ -640,9 +644,14 @@ class Worker:
             self._waker.wait(max(0.0, min(0.5, due_in)))  # woken as each run ends
         # Whatever is still claimed under this name (runs mid-step when the drain
         # timed out, or whose end could not be written) goes back to the queue.
+        # Through an outage, only until the drain's deadline or a second signal:
+        # the heartbeat left behind then goes stale, and another worker requeues them.
+        def give_up() -> bool:
+            return self._forced or (deadline is not None and time.monotonic() >= deadline)
+
         leftovers = []
         try:
-            leftovers = database.reconnecting(operations.requeue_claimer, self.name)
+            leftovers = database.reconnecting(operations.requeue_claimer, self.name, give_up=give_up)
         except Exception:
             logger.exception("worker %r: could not requeue its runs at shutdown", self.name)
         else:

@@ -1,13 +1,14 @@
 """Sleeping runs under real worker threads: they hold no worker slot, and a
 due run is picked up by the worker's wake-up timer, not the next poll."""
 
+import datetime as dt
 import signal
 import threading
 
 import pytest
 from django.utils import timezone
 
-from everystep import sleep, step, workflow
+from everystep import sleep, step, waits, workflow
 from everystep.api import schedule
 from everystep.models import Wait, Workflow
 from tests.waits import workflows as w
@@ -55,6 +56,16 @@ def test_a_run_another_worker_put_to_sleep_is_woken_within_a_poll(start_worker):
     start_worker(name="b", pool_size=1, poll=0.1, listen=False)
     wait_for(lambda: statuses([run]) == ["completed"], what="b to wake the run")
     assert Workflow.objects.get(id=run.id).claimed_by == "b"
+
+
+def test_a_backlog_of_due_runs_longer_than_one_look_is_all_woken_at_once(start_worker, monkeypatch):
+    # A look wakes at most WAKE_BATCHES batches (the loop beats in between):
+    # the rest must be woken by the next turns at once, not a poll (600 s) later.
+    monkeypatch.setattr(waits, "WAKE_BATCH", 2)
+    at = (timezone.now() + dt.timedelta(seconds=2)).isoformat()
+    runs = [schedule(w.naps_until, at) for _ in range(5 * 2 * waits.WAKE_BATCHES)]
+    start_worker(pool_size=4, poll=600, listen=False)
+    wait_for(lambda: set(statuses(runs)) == {"completed"}, timeout=20, what="every sleeper to finish")
 
 
 def test_a_sleep_outlives_the_worker_process_that_put_the_run_to_sleep(spawn_worker):

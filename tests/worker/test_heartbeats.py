@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from everystep import claims, database, heartbeats, operations, statements
 from everystep.api import schedule
-from everystep.models import Heartbeat, Step, Workflow
+from everystep.models import Heartbeat, Step, Wait, Workflow
 from tests.worker import workflows as w
 from tests.worker.support import free_port, wait_for
 
@@ -476,3 +476,49 @@ def others_in_a_transaction() -> bool:
             )
         return cursor.fetchone()[0] > 0
 
+
+def age_of(name: str) -> float | None:
+    beat = Heartbeat.objects.filter(name=name).with_age().first()
+    return None if beat is None else beat.age.total_seconds()
+
+
+def test_a_worker_waking_many_due_runs_keeps_the_run_it_executes(tmp_path, spawn_worker):
+    """Waking a backlog of due runs (some tens of thousands at this 1.5 s limit,
+    about a million at the default 60 s: a campaign's runs all sleeping until
+    9:00) must not keep the loop from its heartbeat: the others would requeue
+    the run it executes, then run on two workers at once."""
+    if connection.vendor == "sqlite":
+        # Both workers then execute the woken runs: at this 1.5 s limit, a beat
+        # can wait that long for the one write lock, with or without the waking.
+        pytest.skip("SQLite runs one writer at a time: a busy fleet's beats wait for the write lock")
+    log = str(tmp_path / "log")
+    # Written before the workers start (on SQLite, their writes would wait for this
+    # insert's lock); due only later, all at once (a sleep_until shared by all of them).
+    later = timezone.now() + dt.timedelta(days=1)
+    sleepers = [
+        Workflow(name="tests.worker.workflows.chain", args=[log, 0], status=S.WAITING) for _ in range(30_000)
+    ]
+    Workflow.objects.bulk_create(sleepers, batch_size=1000)
+    Wait.objects.bulk_create(
+        [Wait(run_id=r.id, step_id="1", kind="time", wake_at=later) for r in sleepers], batch_size=1000
+    )
+    run = schedule(w.chain, log, 1, 600)  # one long step
+    busy = spawn_worker("busy", "--pool", "2", "--poll", "0.1", extra_env=FAST)
+    wait_for(lambda: started_by(log, run, 1), what="step 1")
+    # Another worker, up before the runs come due. Its long --poll keeps it out of
+    # the waking (it looks for due runs once a poll), so that the busy one does
+    # it all; it still beats and looks at the others every 0.2 s. (With both
+    # waking, whichever finishes first takes the other's runs.)
+    other = spawn_worker("other", "--poll", "86400", extra_env=FAST)
+    wait_for(lambda: age_of("other") is not None, timeout=60, what="the other worker's heartbeat")
+
+    Wait.objects.update(wake_at=timezone.now() - dt.timedelta(seconds=1))
+    # The busy worker's loop wakes them all (the other one looks every 0.2 s meanwhile).
+    wait_for(lambda: not Wait.objects.exists(), timeout=120, interval=0.2, what="every due run to be woken")
+    wait_for(lambda: (age_of("busy") or 99) < 1.0, timeout=60, what="the busy worker's next heartbeat")
+    assert busy.alive()
+
+    after = row(run)
+    assert (after.status, after.claimed_by) == (S.RUNNING, "busy"), other.log()[-2000:]
+    for worker in (busy, other):
+        worker.signal(signal.SIGKILL)

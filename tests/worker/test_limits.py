@@ -13,7 +13,7 @@ import threading
 from collections import Counter
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -515,3 +515,39 @@ def test_a_declared_limit_costs_a_claim_of_other_runs_one_query(scratch_modules,
     plain = {"sqlite": 1, "mysql": 4, "postgresql": 0}[engine_db.vendor]
     with django_assert_num_queries(1 + plain, connection=engine_db):
         assert len(claims.claim_runs("w1", 4)) == 3
+
+
+def test_a_limited_run_claimed_before_a_failing_claim_is_still_executed(
+    scratch_modules, start_worker, monkeypatch
+):
+    """The limited runs are claimed (committed) before the others: when the
+    claim of the others fails (SQLite "database is locked", a MariaDB deadlock,
+    a connection lost), the limited ones must still be executed, not left
+    running under a live worker, holding their workflow's slots for the fleet."""
+
+    def export_ledger():
+        return "exported"
+
+    export_ledger.__module__ = f"{scratch_modules.prefix}.flows"
+    name = workflow(max_concurrent=1)(export_ledger).__everystep__.name
+    run = Workflow.objects.create(name=name, args=[])
+    failures = []
+    for vendor_claim in ("_claim_postgresql", "_claim_sqlite", "_claim_mysql"):
+        real = getattr(claims, vendor_claim)
+
+        def failing_once(*args, real=real, **kwargs):
+            if not failures:
+                failures.append(None)
+                raise OperationalError("database is locked")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(claims, vendor_claim, failing_once)
+
+    start_worker(name="w1", pool_size=2)
+    wait_for(lambda: failures, what="the claim of the unlimited runs to fail once")
+    wait_for(
+        lambda: Workflow.objects.get(id=run.id).status == S.COMPLETED,
+        timeout=10,
+        what=f"the limited run to be executed (it is {Workflow.objects.get(id=run.id).status} "
+        f"under {Workflow.objects.get(id=run.id).claimed_by!r})",
+    )

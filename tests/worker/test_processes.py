@@ -2,6 +2,7 @@
 
 import re
 import signal
+import subprocess
 import urllib.request
 from collections import Counter
 
@@ -155,3 +156,27 @@ def postmaster_start_time(alias: str):
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_postmaster_start_time()")
         return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    "drain, second_signal",
+    [("1", False), ("60", True)],
+    ids=["the-drain-deadline", "a-second-sigterm"],
+)
+def test_a_shutdown_that_cannot_reach_the_database_stops_at(spawn_worker, drain, second_signal):
+    """The requeue at shutdown retries through an outage only until the drain's
+    deadline, or until a second SIGTERM ("a second signal stops waiting"); the
+    heartbeat left behind goes stale and another worker recovers the runs."""
+    unreachable = f"postgres://postgres@127.0.0.1:{free_port()}/everystep"  # nothing listens there
+    worker = spawn_worker("lonely", "--poll", "0.1", "--drain", drain, database_url=unreachable)
+    wait_for(lambda: "cannot claim" in worker.log(), what="the worker to find the database down")
+
+    worker.signal(signal.SIGTERM)  # nothing in flight: nothing to drain
+    wait_for(lambda: "reconnecting" in worker.log(), what="the shutdown's requeue to retry")
+    if second_signal:
+        worker.signal(signal.SIGTERM)
+    try:
+        code = worker.wait(10)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker was still shutting down after 10 s:\n" + worker.log()[-1500:])
+    assert code == 0

@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from everystep import claims, heartbeats, operations, runner, step, workflow
 from everystep import worker as worker_module
@@ -444,3 +444,34 @@ def test_metrics_port_serves_the_workers_metrics(tmp_path, start_worker):
     assert 'everystep_worker_pool_size{runner="metered"} 3.0' in body
     assert 'everystep_runs_claimed_total{runner="metered"} 1.0' in body
     stop_and_join(worker)
+
+
+def test_runs_reclaimed_at_start_up_are_resumed_when_the_next_claim_fails_once(
+    tmp_path, start_worker, monkeypatch
+):
+    """A restart resumes the runs left running under its name (docs/workers.md,
+    "Crash recovery") also when the claim that follows the re-claim fails once
+    (SQLite "database is locked", a MariaDB deadlock): dropped, they would stay
+    running under a live worker, which no recovery takes them from."""
+    log = str(tmp_path / "log")
+    parked = schedule(w.chain, log, 1)  # left running by a previous life of "steady"
+    Workflow.objects.filter(id=parked.id).update(status=S.RUNNING, claimed_by="steady")
+    real_claim = claims.claim_runs
+    failures = []
+
+    def claim_failing_once(*args, **kwargs):
+        if not failures:
+            failures.append(None)
+            raise OperationalError("database is locked")
+        return real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "claim_runs", claim_failing_once)
+    start_worker(name="steady", pool_size=2)
+
+    wait_for(lambda: failures, what="the first claim to fail")
+    # The claim loop retries (back-off: one --poll); the re-claimed run must not be forgotten.
+    wait_for(
+        lambda: Workflow.objects.get(id=parked.id).status == S.COMPLETED,
+        timeout=10,
+        what="the run left under the worker's name to be resumed",
+    )
