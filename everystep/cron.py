@@ -53,7 +53,8 @@ _NEVER = dt.datetime.max.replace(tzinfo=UTC)
 _MAX_BACKOFF = 5.0
 # Bounds the work around a DST change where cronsim's iteration goes astray.
 _TRIES = 1_000
-_LOOK_BACK = dt.timedelta(days=7)
+# cronsim looks 50 years ahead for a slot; latest_at() as far back.
+_LOOK_BACK = dt.timedelta(days=50 * 366)
 
 
 class ScheduleError(EverystepError):
@@ -80,41 +81,63 @@ class CronSchedule:
         within 50 years."""
         moment = moment.astimezone(UTC)
         slot = self._forward(moment)
-        # Where a zone's clock goes back off the hour (Pacific/Chatham, from 03:45
-        # to 02:45), cronsim's forward iteration can step over a slot of the
-        # second pass that its reverse iteration finds: take the earlier, or
-        # latest_at() would report a slot the starter never starts.
-        for _ in range(_TRIES):
-            before = None if slot is None else self._reverse(slot)
-            if before is None or not moment < before < slot:
-                break
-            slot = before
+        if slot is None or self.zone is UTC or self._on_wall_clock:
+            return slot
+        # Frequent slots follow real time: a UTC instant is a slot when the zone's
+        # clock then reads a matching time. Where the clock changes off the hour
+        # (Pacific/Chatham, Australia/Lord_Howe), cronsim's iteration in the zone
+        # steps over such slots (a second pass's 02:45, the hour after a jump);
+        # on a clock at the fixed offset in force, it cannot. So the earliest of
+        # cronsim's slot and the fixed clock's, on each side of a change between.
+        zone = self.zone
+        before = moment.astimezone(zone).utcoffset()
+        clocks = [(before, moment)]
+        if slot.astimezone(zone).utcoffset() != before:
+            low, high = moment.replace(microsecond=0), slot  # the change: the first second after it
+            while high - low > dt.timedelta(seconds=1):
+                middle = low + dt.timedelta(seconds=(high - low).total_seconds() // 2)
+                low, high = (middle, high) if middle.astimezone(zone).utcoffset() == before else (low, middle)
+            clocks.append((high.astimezone(zone).utcoffset(), max(moment, high - dt.timedelta(seconds=1))))
+        for offset, start in clocks:
+            found = self._on_fixed_clock(offset, start)
+            if found is not None and moment < found < slot and found.astimezone(zone).utcoffset() == offset:
+                slot = found
         return slot
 
     def latest_at(self, moment: dt.datetime) -> dt.datetime | None:
-        """The last slot at or before ``moment``, in UTC."""
+        """The last slot at or before ``moment``, in UTC: by definition the slot
+        that next_after() answers from the latest second whose answer is not after
+        ``moment``, so the two always agree. (cronsim's reverse iteration is not
+        used: it never returns around some clock changes, e.g. Pacific/Chatham's.)"""
         moment = moment.astimezone(UTC)
-        # Slots fall on whole seconds; cronsim's reverse iteration starts strictly
-        # before its start. One second later, counted in UTC (not on a wall clock
-        # that may be about to fold), makes ``moment``'s own second a candidate.
-        start = moment.replace(microsecond=0) + dt.timedelta(seconds=1)
-        latest = self._reverse(start)
-        # In the repeated hour, cronsim's reverse iteration can answer a slot
-        # after ``moment`` (Chatham: start it earlier), or an earlier day's
-        # instead of the day's fixed time that ran in the first pass (Paris'
-        # 02:30 at 02:10 CET: walk forward from it, with next_after). So the
-        # starter catches up that slot, not tomorrow's an hour late, and the
-        # overview agrees with the starter.
-        back = dt.timedelta(minutes=1)
-        while latest is not None and latest > moment:
+        high = moment.replace(microsecond=0)  # slots fall on whole seconds: none after it is <= moment
+        # Back in growing steps (a yearly schedule's latest slot is found in about
+        # 25 of them), then bisect: a few dozen next_after() calls at most.
+        back = dt.timedelta(seconds=1)
+        while (found := self.next_after(high - back)) is None or found > moment:
             if back > _LOOK_BACK:
                 return None
-            latest, back = self._reverse(start - back), back * 2
-        while (
-            latest is not None and (following := self.next_after(latest)) is not None and following <= moment
-        ):
-            latest = following
-        return latest
+            high, back = high - back, back * 4
+        low = high - back
+        while high - low > dt.timedelta(seconds=1):
+            middle = low + dt.timedelta(seconds=(high - low).total_seconds() // 2)
+            found = self.next_after(middle)
+            low, high = (middle, high) if found is not None and found <= moment else (low, middle)
+        return self.next_after(low)
+
+    @functools.cached_property
+    def _on_wall_clock(self) -> bool:
+        """Whether cronsim reads the expression on the bare wall clock (a fixed
+        time: the minute and hour fields specific, five fields), as Debian's cron
+        does; frequent slots it follows in real time."""
+        fields = self.expression.split()
+        return len(fields) == 5 and not fields[0].startswith("*") and not fields[1].startswith("*")
+
+    def _on_fixed_clock(self, offset: dt.timedelta, moment: dt.datetime) -> dt.datetime | None:
+        """The first slot after ``moment`` on a clock that stays at ``offset``."""
+        from cronsim import CronSim
+
+        return _in_utc(next(CronSim(self.expression, moment.astimezone(dt.timezone(offset))), None))
 
     def _forward(self, moment: dt.datetime) -> dt.datetime | None:
         """The first slot cronsim's forward iteration yields after ``moment``."""
@@ -140,13 +163,6 @@ class CronSchedule:
                     return None  # no slot within 50 years
             start += dt.timedelta(minutes=1)  # afresh, from past the wall time it is stuck at
         return None
-
-    def _reverse(self, start: dt.datetime) -> dt.datetime | None:
-        """The first slot cronsim's reverse iteration yields from ``start`` (in a
-        fold, not always before it)."""
-        from cronsim import CronSim
-
-        return _in_utc(next(CronSim(self.expression, start.astimezone(self.zone), reverse=True), None))
 
     def slots_between(self, after: dt.datetime, before: dt.datetime, limit: int = _COUNT_LIMIT) -> int:
         """How many slots fall strictly between ``after`` and ``before`` (at most ``limit``)."""
@@ -249,7 +265,7 @@ class ScheduleState:
     next_slot: dt.datetime | None
     latest_slot: dt.datetime | None  # the most recent slot at or before now
     last_run: object  # the Workflow row of the latest started slot, or None
-    missed: bool  # the latest slot older than MISSED_AFTER has no run (and the schedule has run before)
+    missed: bool  # the latest slot older than MISSED_AFTER is after the last started slot and has no run
 
 
 def state(schedule: CronSchedule, now: dt.datetime) -> ScheduleState:
@@ -257,9 +273,13 @@ def state(schedule: CronSchedule, now: dt.datetime) -> ScheduleState:
 
     last = last_run(schedule.workflow)
     overdue = schedule.latest_at(now - MISSED_AFTER)
+    # Only a slot after the last started one can be missed: one before it either
+    # ran or was skipped by a catch-up, and a new schedule's first run has no
+    # slot before it that it owed (it starts at its next slot).
     missed = (
         last is not None
         and overdue is not None
+        and overdue > slot_of(last.idempotency_key)
         and not Workflow.objects.filter(
             name=schedule.workflow, idempotency_key=schedule.key(overdue)
         ).exists()

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import children, database, registry, serde, statements, waits
+from . import children, cron, database, registry, serde, statements, waits
 from .errors import EverystepError, StepFailure, Terminal
 from .models import Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
@@ -372,7 +372,8 @@ def prune(
     non-terminal run. Deletes in batches of ``batch`` runs, each its own
     transaction on locked rows (so a run retried meanwhile is not deleted).
     A run waiting for a deleted child is woken in that transaction: it
-    raises ``ChildFailed`` saying the child was deleted.
+    raises ``ChildFailed`` saying the child was deleted. Each cron workflow's
+    newest ``cron:`` run is kept (see ``_newest_slot_runs``).
     Returns how many runs were deleted (or would be, with ``dry_run``).
     """
     statuses = _prunable(statuses)
@@ -386,16 +387,43 @@ def prune(
         status__in=statuses, completed_at__lt=timezone.now() - older_than
     ).order_by()
     if dry_run:
-        return old.count()
+        names = old.filter(idempotency_key__startswith=cron.KEY_PREFIX).values_list("name", flat=True)
+        return old.exclude(id__in=_newest_slot_runs(set(names.distinct()), {})).count()
     deleted = 0
+    newest: dict[str, int | None] = {}  # each cron workflow's newest slot run, kept
     while True:
         with database.atomic():
-            ids = list(old.select_for_update().values_list("id", flat=True)[:batch])
-            if not ids:
+            kept = [run_id for run_id in newest.values() if run_id is not None]
+            rows = list(
+                (old.exclude(id__in=kept) if kept else old)
+                .select_for_update()
+                .values_list("id", "name", "idempotency_key")[:batch]
+            )
+            if not rows:
                 return deleted
-            _wake_waiters_of(ids)
-            Workflow.objects.filter(id__in=ids, status__in=statuses).only("id").delete()
+            names = {name for _, name, key in rows if key and key.startswith(cron.KEY_PREFIX)}
+            kept = _newest_slot_runs(names - newest.keys(), newest)
+            ids = [run_id for run_id, _, _ in rows if run_id not in kept]
+            if ids:
+                _wake_waiters_of(ids)
+                Workflow.objects.filter(id__in=ids, status__in=statuses).only("id").delete()
         deleted += len(ids)
+
+
+def _newest_slot_runs(names, newest: dict) -> set:
+    """The ids of the newest ``cron:`` run of each workflow named (one index
+    lookup each, remembered in ``newest``), with those already in ``newest``.
+
+    Prune keeps them: the runs are a schedule's only record, and a worker takes
+    the newest ``cron:`` key for its last started slot. Were that run deleted
+    and an older one kept (a ``blocked`` run, or one of a status not pruned),
+    a restarted worker would start the newest slot, which already ran, again.
+    Keeping it, rather than guessing at start-up whether a slot ran, is right
+    whatever was pruned: a slot without a run is then always one that did not
+    start."""
+    for name in names:
+        newest[name] = getattr(cron.last_run(name), "id", None)
+    return {run_id for run_id in newest.values() if run_id is not None}
 
 
 def _wake_waiters_of(run_ids) -> None:

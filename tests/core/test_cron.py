@@ -3,14 +3,17 @@ starter a worker's loop asks, on a clock the test controls."""
 
 import datetime as dt
 import logging
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from unittest import mock
 from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import OperationalError
 
-from everystep import cron, database, registry
+from everystep import cron, database, operations, registry
 from everystep.api import workflow
 from everystep.cron import CronSchedule, CronStarter, ScheduleError
 from everystep.errors import EverystepError
@@ -280,6 +283,79 @@ def test_dst_next_and_latest_slots_hold_across_the_repeated_hour(zone, expressio
             assert following in chain or following > end, moment
 
 
+def test_both_day_fields_restricted_match_if_either_matches_unless_one_starts_with_a_star():
+    # Neither field starts with `*`: the 1st, the 15th, or a Monday.
+    either = CronSchedule("a.b", "0 0 1,15 * MON")
+    assert either.next_after(at(2026, 11, 30, 12)) == at(2026, 12, 1)  # a Tuesday, the 1st
+    assert either.next_after(at(2026, 12, 1, 12)) == at(2026, 12, 7)  # a Monday
+    # `*/2` starts with `*`: both must match (Debian's rule), a Monday on an odd day.
+    both = CronSchedule("a.b", "0 0 */2 * MON")
+    assert both.next_after(at(2026, 11, 30, 12)) == at(2026, 12, 7)  # not Tuesday the 1st
+    # Odd days written without the star: either again.
+    assert CronSchedule("a.b", "0 0 1-31/2 * MON").next_after(at(2026, 11, 30, 12)) == at(2026, 12, 1)
+
+
+# cronsim's reverse iteration never returns around Chatham's fall-back for this
+# expression (it is no longer used): each check runs in a child process, so that a
+# hang fails the test instead of stopping the suite.
+CHATHAM = """
+import datetime as dt
+from everystep.cron import CronSchedule
+schedule = CronSchedule("shop.flows.every_two_hours", "0 */2 * * *", "Pacific/Chatham")
+"""
+
+
+def in_child(code: str) -> str:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHATHAM + code],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"did not return within 20 s (hung): {code}") from None
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def chatham(method: str, moment: str) -> str:
+    return in_child(f"print(schedule.{method}(dt.datetime.fromisoformat({moment!r})).isoformat())")
+
+
+def test_dst_every_two_hours_in_chatham_the_slot_due_before_fall_back_is_found():
+    # 2026-04-05: 03:45 +13:45 goes back to 02:45 +12:45. The slot 02:00 +13:45 =
+    # 12:15Z: the worker's loop asks latest_at() when it is due.
+    assert chatham("latest_at", "2026-04-04T12:15:00+00:00") == "2026-04-04T12:15:00+00:00"
+
+
+def test_dst_every_two_hours_in_chatham_the_next_slot_in_the_repeated_hour_is_found():
+    # At 03:00 +12:45 (second pass) the next slot is 04:00 +12:45 = 15:15Z.
+    assert chatham("next_after", "2026-04-04T14:15:00+00:00") == "2026-04-04T15:15:00+00:00"
+
+
+def test_dst_every_two_hours_in_chatham_latest_and_next_agree_through_both_changes():
+    # The night's slots from next_after(), and latest_at() just at and before each.
+    # 2026-09-27: 02:45 +12:45 jumps to 03:45 +13:45, and 04:00 +13:45 has its slot.
+    night = in_child("""
+for change in (dt.datetime(2026, 4, 4, 14, tzinfo=dt.UTC), dt.datetime(2026, 9, 26, 14, tzinfo=dt.UTC)):
+    moment = change - dt.timedelta(hours=6)
+    previous = schedule.latest_at(moment)
+    for _ in range(7):
+        slot = schedule.next_after(moment)
+        assert previous < slot and schedule.latest_at(slot) == slot
+        assert schedule.latest_at(slot - dt.timedelta(seconds=1)) == previous
+        print(schedule.argument(slot).isoformat(timespec="minutes")[11:])
+        previous, moment = slot, slot
+""")
+    assert night.split() == [
+        *["22:00+13:45", "00:00+13:45", "02:00+13:45", "04:00+12:45", "06:00+12:45", "08:00+12:45"],
+        "10:00+12:45",
+        *["22:00+12:45", "00:00+12:45", "02:00+12:45", "04:00+13:45", "06:00+13:45", "08:00+13:45"],
+        "10:00+13:45",
+    ]
+
 # ---------------------------------------------------------------- starting slots
 
 
@@ -354,6 +430,73 @@ def test_a_restart_within_a_slot_already_started_starts_nothing(declare):
     assert before.start_due() == 1
     started_at(report, at(2026, 3, 6, 9, 7))  # the worker restarts: 09:05 has its run
     assert keys_of(report) == ["cron:2026-03-06T09:05:00Z"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kept_status", "pruned_statuses"), [("blocked", None), ("failed", ["completed"])])
+def test_a_restart_after_prune_does_not_start_an_already_run_slot_again(
+    declare, kept_status, pruned_statuses
+):
+    digest = declare(cron="0 2 * * MON")  # weekly, Mondays 02:00 UTC
+    name = digest.__everystep__.name
+    # An old slot's run that prune keeps (its status is not pruned)...
+    Workflow.objects.create(
+        name=name,
+        args=[at(2026, 3, 2, 2)],
+        idempotency_key="cron:2026-03-02T02:00:00Z",
+        status=kept_status,
+        completed_at=at(2026, 3, 2, 2, 1),
+    )
+    # ...and the latest slot's run, which ran and completed: prune keeps it too, as
+    # the workers' record of the last started slot.
+    Workflow.objects.create(
+        name=name,
+        args=[at(2026, 3, 9, 2)],
+        idempotency_key="cron:2026-03-09T02:00:00Z",
+        status="completed",
+        completed_at=at(2026, 3, 9, 2, 1),
+    )
+    assert operations.prune(older_than=dt.timedelta(days=1), statuses=pruned_statuses, dry_run=True) == 0
+    assert operations.prune(older_than=dt.timedelta(days=1), statuses=pruned_statuses) == 0
+
+    # A worker (re)starts on Wednesday: Monday's slot ran already; nothing is due.
+    started_at(digest, at(2026, 3, 11, 10))
+    assert keys_of(digest) == ["cron:2026-03-02T02:00:00Z", "cron:2026-03-09T02:00:00Z"]
+    assert Workflow.objects.get(idempotency_key="cron:2026-03-09T02:00:00Z").status == "completed"
+
+
+@pytest.mark.django_db
+def test_prune_keeps_each_schedules_newest_slot_run_only(declare):
+    daily = declare(cron="0 2 * * *")
+    name = daily.__everystep__.name
+    for day in range(1, 6):
+        Workflow.objects.create(
+            name=name,
+            idempotency_key=f"cron:2026-03-0{day}T02:00:00Z",
+            status="completed",
+            completed_at=at(2026, 3, day, 2, 1),
+        )
+    Workflow.objects.create(name=name, status="completed", completed_at=at(2026, 3, 1))  # no slot's
+    assert operations.prune(older_than=dt.timedelta(days=1), dry_run=True) == 5
+    assert operations.prune(older_than=dt.timedelta(days=1), batch=2) == 5
+    assert keys_of(daily) == ["cron:2026-03-05T02:00:00Z"]
+
+
+@pytest.mark.django_db
+def test_a_new_schedules_first_slot_started_on_time_is_not_reported_missed(declare):
+    report = declare(cron="0 * * * *")  # hourly, declared at 09:30
+    schedule = report.__everystep__.cron
+    starter, clock = started_at(report, at(2026, 3, 6, 9, 30))  # a new schedule: nothing to catch up
+    clock.set(2026, 3, 6, 10, 0)
+    assert starter.start_due() == 1  # the 10:00 slot starts on time
+    assert keys_of(report) == ["cron:2026-03-06T10:00:00Z"]
+
+    # 09:00 predates the schedule: not missed, though older than MISSED_AFTER with no run.
+    state = cron.state(schedule, at(2026, 3, 6, 10, 0, 10))
+    assert state.latest_slot == at(2026, 3, 6, 10, 0)
+    assert not state.missed
+    # A slot after the last started one, without a run 30 s on, is.
+    assert cron.state(schedule, at(2026, 3, 6, 11, 0, 31)).missed
 
 
 @pytest.mark.django_db
