@@ -421,7 +421,7 @@ def wake(run_id, **wait_filter) -> bool:
 
 def wake_due(now: dt.datetime | None = None, *, batch: int | None = None) -> tuple[int, dt.datetime | None]:
     """Wake the waiting runs whose wake time has come, at most
-    :data:`WAKE_BATCHES` transactions of ``batch`` (:data:`WAKE_BATCH`) runs;
+    ``WAKE_BATCHES`` transactions of ``batch`` (``WAKE_BATCH``) runs;
     the worker loop calls it. Returns how many were woken and the next wake
     time (``None``: none; a time already past: more are due, call again).
 
