@@ -55,6 +55,7 @@ _MAX_BACKOFF = 5.0
 _TRIES = 1_000
 # cronsim looks 50 years ahead for a slot; latest_at() as far back.
 _LOOK_BACK = dt.timedelta(days=50 * 366)
+_SECOND = dt.timedelta(seconds=1)  # slots fall on whole seconds
 
 
 class ScheduleError(EverystepError):
@@ -93,11 +94,12 @@ class CronSchedule:
         before = moment.astimezone(zone).utcoffset()
         clocks = [(before, moment)]
         if slot.astimezone(zone).utcoffset() != before:
-            low, high = moment.replace(microsecond=0), slot  # the change: the first second after it
-            while high - low > dt.timedelta(seconds=1):
-                middle = low + dt.timedelta(seconds=(high - low).total_seconds() // 2)
-                low, high = (middle, high) if middle.astimezone(zone).utcoffset() == before else (low, middle)
-            clocks.append((high.astimezone(zone).utcoffset(), max(moment, high - dt.timedelta(seconds=1))))
+            # The last second before the change, then the clock after it.
+            def unchanged(second: dt.datetime) -> bool:
+                return second.astimezone(zone).utcoffset() == before
+
+            last = _last_second(moment.replace(microsecond=0), slot, unchanged)
+            clocks.append(((last + _SECOND).astimezone(zone).utcoffset(), max(moment, last)))
         for offset, start in clocks:
             found = self._on_fixed_clock(offset, start)
             if found is not None and moment < found < slot and found.astimezone(zone).utcoffset() == offset:
@@ -113,17 +115,17 @@ class CronSchedule:
         high = moment.replace(microsecond=0)  # slots fall on whole seconds: none after it is <= moment
         # Back in growing steps (a yearly schedule's latest slot is found in about
         # 25 of them), then bisect: a few dozen next_after() calls at most.
-        back = dt.timedelta(seconds=1)
+        back = _SECOND
         while (found := self.next_after(high - back)) is None or found > moment:
             if back > _LOOK_BACK:
                 return None
             high, back = high - back, back * 4
-        low = high - back
-        while high - low > dt.timedelta(seconds=1):
-            middle = low + dt.timedelta(seconds=(high - low).total_seconds() // 2)
-            found = self.next_after(middle)
-            low, high = (middle, high) if found is not None and found <= moment else (low, middle)
-        return self.next_after(low)
+
+        def not_after_moment(second: dt.datetime) -> bool:
+            found = self.next_after(second)
+            return found is not None and found <= moment
+
+        return self.next_after(_last_second(high - back, high, not_after_moment))
 
     @functools.cached_property
     def _on_wall_clock(self) -> bool:
@@ -195,6 +197,15 @@ def slot_of(key: str | None) -> dt.datetime | None:
         return dt.datetime.strptime(key[len(KEY_PREFIX) :], _KEY_FORMAT).replace(tzinfo=UTC)
     except ValueError:
         return None
+
+
+def _last_second(low: dt.datetime, high: dt.datetime, holds: Callable[[dt.datetime], bool]) -> dt.datetime:
+    """The last whole second from ``low`` (where ``holds`` is true) to before
+    ``high`` (where it is not) at which ``holds`` is still true, by bisection."""
+    while high - low > _SECOND:
+        middle = low + dt.timedelta(seconds=(high - low).total_seconds() // 2)
+        low, high = (middle, high) if holds(middle) else (low, middle)
+    return low
 
 
 def _in_utc(slot: dt.datetime | None) -> dt.datetime | None:
@@ -381,7 +392,7 @@ class CronStarter:
         loop was held up past several slots; those before it are skipped)."""
         schedule = entry.schedule
         latest = schedule.latest_at(now)
-        skipped = schedule.slots_between(entry.due - dt.timedelta(seconds=1), latest)
+        skipped = schedule.slots_between(entry.due - _SECOND, latest)
         inserted = self._start(schedule, latest, now, skipped=skipped)
         entry.due = schedule.next_after(now) or _NEVER
         return inserted
