@@ -259,7 +259,7 @@ def call_step(spec: registry.Spec, args: tuple, kwargs: dict, everystep_id: str 
     if recorded is not None:
         _check_same_function(state, step_id, spec, recorded)
         if recorded.status != StepStatus.STARTED:
-            return _serve_recorded(state, recorded)
+            return _serve_recorded(recorded)
     row = _StepRow(state, step_id, spec, args, kwargs, started=recorded is not None)
     if spec.unsafe_to_repeat:
         _claim_effect(row)
@@ -279,16 +279,13 @@ def _check_same_function(state: RunState, step_id: str, spec: registry.Spec, rec
         )
 
 
-def _serve_recorded(state: RunState, recorded: Outcome) -> Any:
+def _serve_recorded(recorded: Outcome) -> Any:
     """A recorded outcome, served as the first pass saw it: the result, or the
-    exception raised again. A ``Terminal`` stays final, as on the first pass:
-    the body may catch it, but no further step starts."""
+    exception raised again. (A recorded ``Terminal`` is never served: the replay
+    halted with it before the body started, see _recorded_terminal.)"""
     if recorded.status == StepStatus.DONE:
         return recorded.result
-    exc = recorded.exception()
-    if isinstance(exc, Terminal):
-        state.halt_with(exc)
-    raise exc
+    raise recorded.exception()
 
 
 class _StepRow:
@@ -476,7 +473,7 @@ def start_child(spec: registry.Spec, args: tuple, everystep_id: str | None) -> c
     recorded = state.store.get(step_id)
     if recorded is not None:
         _check_same_function(state, step_id, spec, recorded)
-        return children.ChildHandle(_serve_recorded(state, recorded), spec.name)
+        return children.ChildHandle(_serve_recorded(recorded), spec.name)
     row = _StepRow(state, step_id, spec, args, {}, started=False)
     started = _guarded_db(
         state, children.insert_child, state.workflow_id, state.claimer, step_id, spec.name, list(args)

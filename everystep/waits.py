@@ -223,7 +223,7 @@ def wait_step(
         if recorded.name != name:
             _diverged(state, step_id, recorded.name, name)
         if recorded.status != StepStatus.STARTED:
-            return runner._serve_recorded(state, recorded)  # a replay: no span, as for steps
+            return runner._serve_recorded(recorded)  # a replay: no span, as for steps
     tracing = runner.observer.tracing if runner.observer is not None else None
     if tracing is None or not tracing.recording():
         return _wait(ctx, step_id, name, recorded, args, kind, key, wake_at, resolve, ready)
@@ -312,7 +312,7 @@ def _complete(state, step_id: str, name: str, status: str, value) -> Any:
     if not runner._guarded_db(state, write):
         state.halt_with(Fenced(f"run {state.workflow_id} moved on; wait {step_id} was not completed"))
     state.store[step_id] = Outcome(status, name, value if error is None else None, error)
-    return runner._serve_recorded(state, state.store[step_id])
+    return runner._serve_recorded(state.store[step_id])
 
 
 # ---------------------------------------------------------------- transitions
