@@ -8,6 +8,8 @@ pending run) are computed only when ``everystep.views.metrics_view`` is
 scraped, so a worker's own endpoint never queries the database.
 """
 
+import functools
+
 from django.utils import timezone
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -265,7 +267,15 @@ def worker_families():
     return [states, silence]
 
 
-_discovered = False  # whether this process imported its apps' workflows modules for the scrape
+@functools.cache
+def _discover_schedules() -> None:
+    """Import the apps' workflows modules, once per process: a web process without
+    everystep_ui (gunicorn: no system checks) may not have, and would know no
+    schedule. Once, because they stay imported, and a module that raises is not
+    run again at every scrape."""
+    from .. import registry
+
+    registry.autodiscover()
 
 
 def cron_missed_family():
@@ -273,12 +283,7 @@ def cron_missed_family():
     (two index lookups per schedule; no schedule, no query)."""
     from .. import cron, registry
 
-    global _discovered
-    if not _discovered:
-        # A web process without everystep_ui (gunicorn: no system checks) may not
-        # have imported them: it would know no schedule. Once: they stay imported.
-        registry.autodiscover()
-        _discovered = True
+    _discover_schedules()
     family = GaugeMetricFamily(
         "everystep_cron_missed",
         "1 when a cron schedule's latest slot (older than 30 s) has no run, read at scrape time.",
