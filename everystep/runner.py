@@ -317,7 +317,10 @@ def _claim_effect(row: _StepRow) -> None:
         state.halt_with(_uncertain(state, row.step_id, row.spec))
     try:
         _guarded_db(state, _insert, row, StepStatus.STARTED)
-    except IntegrityError:
+    except IntegrityError as exc:
+        refused = _refused(row, exc, "so the step did not run")
+        if refused is not None:
+            raise refused from None
         state.halt_with(_uncertain(state, row.step_id, row.spec))
     row.in_place = True
     state.store[row.step_id] = Outcome(StepStatus.STARTED, row.spec.name)
@@ -391,7 +394,10 @@ def _record(row: _StepRow, status: str, *, result=None, stored_result=None, erro
         try:
             stored_error = None if error is None else serde.encode(error)
             _guarded_db(state, _insert, row, status, stored_result, stored_error)
-        except IntegrityError:
+        except IntegrityError as exc:
+            refused = _refused(row, exc, "so it was not recorded and the step runs again on resume")
+            if refused is not None:
+                raise refused from None
             state.halt_with(
                 Fenced(
                     f"step {row.step_id} of run {state.workflow_id} was recorded "
@@ -399,6 +405,21 @@ def _record(row: _StepRow, status: str, *, result=None, stored_result=None, erro
                 )
             )
     state.store[row.step_id] = Outcome(status, row.spec.name, result, error)
+
+
+def _refused(row: _StepRow, exc: IntegrityError, consequence: str) -> EverystepError | None:
+    """None when the step's insert lost on its unique key: another pass wrote
+    the row. Otherwise the database refused a value in it (MariaDB's JSON
+    check refuses nesting past 32 levels), and taking that for a lost race
+    would run the step again at every replay: the error for the body."""
+    from .models import Step
+
+    if Step.objects.filter(workflow_id=row.state.workflow_id, step_id=row.step_id).exists():
+        return None
+    return EverystepError(
+        f"run {row.state.workflow_id}, step {row.step_id} ({row.spec.name}): the database refused "
+        f"its record, {consequence}: {exc}"
+    )
 
 
 def _insert(row: _StepRow, status: str, stored_result=None, stored_error=None) -> None:

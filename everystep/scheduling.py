@@ -31,7 +31,10 @@ def insert_run_once(model, name: str, args: list, idempotency_key: str | None) -
     """``(run, inserted)``: ``inserted`` is False when the key's run existed or
     another caller's insert won the race (the cron starter counts its wins)."""
     if idempotency_key is None:
-        run = model.objects.create(name=name, args=args)
+        try:
+            run = model.objects.create(name=name, args=args)
+        except IntegrityError as exc:
+            raise _refused(name, exc) from None
     else:
         run = model.objects.filter(name=name, idempotency_key=idempotency_key).first()
         if run is not None:
@@ -40,8 +43,11 @@ def insert_run_once(model, name: str, args: list, idempotency_key: str | None) -
             # A savepoint: losing the race must not break the caller's transaction.
             with database.atomic():
                 run = model.objects.create(name=name, args=args, idempotency_key=idempotency_key)
-        except IntegrityError:
-            return _winner(model, name, idempotency_key), False
+        except IntegrityError as exc:
+            winner = _winner(model, name, idempotency_key)
+            if winner is None:
+                raise _refused(name, exc) from None
+            return winner, False
     notify_scheduled()
     return run, True
 
@@ -50,7 +56,8 @@ def _winner(model, name: str, idempotency_key: str):
     """The row that won the race. On MySQL a plain read could come from the
     caller's REPEATABLE READ snapshot, which predates the winner; a shared
     locking read sees the committed row, and unlike FOR UPDATE it does not
-    deadlock with the other losers, who hold shared locks on the same key."""
+    deadlock with the other losers, who hold shared locks on the same key.
+    None on MySQL when there is none: the insert failed on a value."""
     if database.connection().vendor != "mysql":
         try:
             return model.objects.get(name=name, idempotency_key=idempotency_key)
@@ -65,7 +72,13 @@ def _winner(model, name: str, idempotency_key: str):
             ) from None
     table = model._meta.db_table
     query = f"SELECT * FROM {table} WHERE name = %s AND idempotency_key = %s LOCK IN SHARE MODE"
-    return model.objects.raw(query, [name, idempotency_key])[0]
+    return next(iter(model.objects.raw(query, [name, idempotency_key])), None)
+
+
+def _refused(name: str, exc: IntegrityError) -> EverystepError:
+    """The insert failed on a value, not on the key: MariaDB's JSON check
+    refuses arguments nested past 32 levels, which the other backends store."""
+    return EverystepError(f"schedule: the database refused the run of {name}, nothing was written: {exc}")
 
 
 def notify_scheduled() -> None:

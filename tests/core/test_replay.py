@@ -141,6 +141,33 @@ def test_non_serializable_result_is_not_recorded_and_the_step_reruns_on_resume()
     assert w.effects["make_object"] == 1
 
 
+@pytest.fixture
+def mariadb():
+    connection = database.connection()
+    if connection.vendor != "mysql" or not connection.mysql_is_mariadb:
+        pytest.skip("only MariaDB's JSON check refuses a value every other backend stores")
+
+
+@pytest.mark.usefixtures("mariadb")
+def test_a_result_the_database_refuses_fails_the_run_instead_of_replaying_the_step_forever():
+    # Taken for a row another pass wrote, the refusal requeued the run, and
+    # every replay ran the step again.
+    row = run_workflow(w.refused_result)
+    assert row.status == "failed"
+    assert "the database refused its record, so it was not recorded" in row.error["message"]
+    assert row.steps.count() == 0
+    assert w.effects["make_deep"] == 1
+
+
+@pytest.mark.usefixtures("mariadb")
+def test_an_unsafe_steps_argument_the_database_refuses_fails_before_the_step_runs():
+    row = run_workflow(w.refused_unsafe_argument)  # not blocked: nothing started
+    assert row.status == "failed"
+    assert "the database refused its record, so the step did not run" in row.error["message"]
+    assert row.steps.count() == 0
+    assert w.effects["charge_deep"] == 0
+
+
 def test_unregistered_workflow_name_fails_clearly():
     row = Workflow.objects.create(name="tests.core.workflows.removed_long_ago", args=[])
     claim(row)

@@ -87,6 +87,20 @@ def test_schedule_refuses_an_unstorable_key_and_writes_nothing(key):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", [None, "order-deep"])
+def test_arguments_the_database_refuses_are_a_clear_error_and_write_nothing(key):
+    """MariaDB's JSON check refuses nesting past 32 levels, which the other
+    backends store: the refusal was a raw IntegrityError, and with a key an
+    IndexError from looking for a winning run that does not exist."""
+    connection = database.connection()
+    if connection.vendor != "mysql" or not connection.mysql_is_mariadb:
+        pytest.skip("only MariaDB's JSON check refuses arguments every other backend stores")
+    with pytest.raises(EverystepError, match="the database refused the run of .*, nothing was written"):
+        schedule(w.sequential, w.nested(40), idempotency_key=key)
+    assert not Workflow.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_idempotency_key_under_concurrency_yields_one_run_and_healthy_transactions():
     callers = 6
     # SQLite's BEGIN IMMEDIATE already serializes the callers: no barrier inside there

@@ -192,6 +192,34 @@ def make_object():
     return object()
 
 
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@workflow
+def refused_result():
+    return make_deep()
+
+
+@step
+def make_deep():
+    effect("make_deep")
+    return nested(40)  # MariaDB's JSON check refuses nesting past 32 levels
+
+
+@workflow
+def refused_unsafe_argument():
+    return charge_deep(nested(40))
+
+
+@step(unsafe_to_repeat=True)
+def charge_deep(order):
+    effect("charge_deep")
+
+
 @workflow
 def reads_context():
     from everystep import context
