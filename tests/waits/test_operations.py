@@ -103,6 +103,14 @@ def test_the_commands_wake_a_run_and_send_an_event(capsys):
         call_command("everystep_wake", str(waiter.id))
 
 
+def test_a_run_id_given_twice_is_acted_on_once(capsys):
+    # The second time it was refused (the run had just been woken): exit 1 after a success.
+    sleeper = run_once(schedule(w.naps, 3600))
+    call_command("everystep_wake", str(sleeper.id), str(sleeper.id).upper())
+    assert Workflow.objects.get(id=sleeper.id).status == "scheduled"
+    assert capsys.readouterr().out == f"woke {sleeper.id}\n"
+
+
 def test_the_event_command_prints_the_refusal_of_a_missing_run():
     missing = uuid.uuid4()
     with pytest.raises(CommandError, match=f"run {missing} does not exist"):

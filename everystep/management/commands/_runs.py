@@ -24,10 +24,11 @@ def for_each_run(command: BaseCommand, run_ids: Iterable[str], operation: Callab
     """``operation(run_id)`` on each run, printing ``<done> <run id>`` for each.
 
     Every id is parsed before anything changes, so a malformed one refuses the
-    whole command. A run the operation refuses does not stop the others: the
-    refusals are the command's error once every run has been tried."""
+    whole command; a run named twice is acted on once. A run the operation
+    refuses does not stop the others: the refusals are the command's error
+    once every run has been tried."""
     with refusals_as_errors():
-        parsed = [operations.parse_run_id(run_id) for run_id in run_ids]
+        parsed = dict.fromkeys(operations.parse_run_id(run_id) for run_id in run_ids)
     refused = []
     for run_id in parsed:
         try:
