@@ -143,17 +143,16 @@ def _lookup(table: dict, name: str) -> Spec | None:
 def _register_task(name: str) -> bool:
     """Register ``name`` if it is a django.tasks task bound to another backend
     (``everystep.tasks.register_task``): importing its module registered nothing
-    here. Nothing more is imported: the attribute is looked up in the module the
+    here. Nothing more is imported: the task is looked up in the module the
     name points at, if ``_lookup`` imported it."""
     module, _, attribute = name.rpartition(".")
-    candidate = getattr(sys.modules.get(module), attribute, None)
-    if candidate is None:
+    if getattr(sys.modules.get(module), attribute, None) is None:
         return False
     try:
         from .tasks import register_task
     except ImportError:  # Django 5.2: no django.tasks
         return False
-    return register_task(candidate)
+    return register_task(name)
 
 
 def _import_owner(name: str) -> None:

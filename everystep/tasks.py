@@ -28,6 +28,7 @@ served from the store). Enqueue writes one row or nothing.
 
 import contextlib
 import inspect
+import sys
 import traceback
 import uuid
 
@@ -46,8 +47,8 @@ except ImportError as exc:  # Django 5.2 has no django.tasks
     ) from exc
 
 from django.core import checks
+from django.db import connections
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from . import registry, serde
 from .api import step
@@ -85,7 +86,8 @@ class EverystepBackend(BaseTaskBackend):
     supports_priority = False
 
     def validate_task(self, task: Task) -> None:
-        """Django's validation, one queue, and a name that fits a run's name.
+        """Django's validation, one queue, and a name that is the function's own
+        and fits a run's name.
 
         Django validates a ``Task`` as it is created, which is when its module is
         imported, in every process: the adapter is registered under the task's
@@ -94,6 +96,13 @@ class EverystepBackend(BaseTaskBackend):
         if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
             # everystep has one queue: every worker claims every run.
             raise InvalidTask(f"Queue '{task.queue_name}' is not valid for backend.")
+        if not all(part.isidentifier() for part in task.module_path.split(".")):
+            # A run names its task by module path: two module-level lambdas share
+            # "module.<lambda>", and a worker would run whichever registered last.
+            raise InvalidTask(
+                f"Task function {task.module_path} has no name of its own to find it by: "
+                "define it with def, at module level."
+            )
         if len(task.module_path) > MAX_NAME_LENGTH:
             raise InvalidTask(
                 f"Task module path {task.module_path[:60]}... is {len(task.module_path)} characters; "
@@ -118,15 +127,19 @@ class EverystepBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id) -> TaskResult:
+        from .claims import decode_stored, undecoded
         from .models import Step, Workflow
 
         try:
             run_id = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        run = Workflow.objects.filter(id=run_id).first()
+        # Decoded column by column, as a claim does: stored arguments or a result
+        # that no longer decode (an enum renamed since) stay as stored, not raised.
+        run = undecoded(Workflow.objects.filter(id=run_id)).first()
         if run is None:
             raise TaskResultDoesNotExist(result_id)
+        decode_stored(run, connections[run._state.db])
         task = _task_named(run.name)
         if task is None:
             raise TaskResultDoesNotExist(
@@ -153,6 +166,10 @@ class EverystepBackend(BaseTaskBackend):
 
     def _task_result(self, task: Task, run, *, started_at) -> TaskResult:
         args, kwargs = run.args
+        # Django requires JSON here: the stored (serde-encoded) form, which
+        # arguments that no longer decode still are (claims.decode_stored).
+        if getattr(run, "unreadable_args", None) is None:
+            args, kwargs = serde.encode(args), serde.encode(kwargs)
         result = TaskResult(
             task=task,
             id=str(run.id),
@@ -161,9 +178,8 @@ class EverystepBackend(BaseTaskBackend):
             started_at=started_at,
             finished_at=run.completed_at,
             last_attempted_at=None,  # not recorded: a run keeps no claim time
-            # Django requires JSON here: the stored (serde-encoded) form.
-            args=serde.encode(args),
-            kwargs=serde.encode(kwargs),
+            args=args,
+            kwargs=kwargs,
             backend=self.alias,
             errors=[_task_error(run.error)] if run.error else [],
             # The worker that holds or last held the run: one claimer is recorded, not a history.
@@ -208,13 +224,25 @@ def _task_error(payload) -> TaskError:
 def _task_named(name: str) -> Task | None:
     spec = registry.get_workflow(name)  # imports the task's module, which registers its tasks
     task = getattr(spec.func, "task", None) if spec is not None else None
-    if isinstance(task, Task):
-        return task
-    try:
-        task = import_string(name)
-    except Exception:  # ImportError, or whatever the task's module raises on import
-        return None
-    return task if isinstance(task, Task) else None
+    return task if isinstance(task, Task) else _find_task(name)
+
+
+def _find_task(name: str) -> Task | None:
+    """The ``Task`` whose module path is ``name``, in its module if that is
+    imported (nothing is imported here). The path names the task's function:
+    the ``Task`` itself when decorated, but the plain function when the task
+    was made by calling ``task()`` on it (``notify_task = task(notify)``),
+    whose ``Task`` is then found among the module's globals."""
+    module, _, attribute = name.rpartition(".")
+    namespace = vars(sys.modules[module]) if module in sys.modules else {}
+    candidate = namespace.get(attribute)
+    if isinstance(candidate, Task):
+        return candidate
+    for value in list(namespace.values()):
+        # type(), not isinstance(): that would evaluate a lazy object's __class__.
+        if issubclass(type(value), Task) and value.module_path == name:
+            return value
+    return None
 
 
 # ---------------------------------------------------------------- the worker's side
@@ -226,15 +254,17 @@ def task_started():
     return timezone.now()
 
 
-def register_task(candidate) -> bool:
-    """Register the adapter of ``candidate`` if it is a ``Task`` bound to another
-    backend (``@task(backend="immediate")``): a run of it was enqueued here
-    through ``.using(backend=...)``, but importing its module validated it with
-    its own backend, so :meth:`EverystepBackend.validate_task` never registered
-    it in this process. ``registry.get_workflow`` asks this for a name it does
-    not know, once the run's module is imported. False when ``candidate`` is no
-    task everystep's backend accepts, or no ``TASKS`` backend is everystep's."""
-    if not isinstance(candidate, Task):
+def register_task(name: str) -> bool:
+    """Register the adapter of the task named ``name`` (:func:`_find_task`) if it
+    is bound to another backend (``@task(backend="immediate")``): a run of it
+    was enqueued here through ``.using(backend=...)``, but importing its module
+    validated it with its own backend, so :meth:`EverystepBackend.validate_task`
+    never registered it in this process. ``registry.get_workflow`` asks this for
+    a name it does not know, once the run's module is imported. False when no
+    such task is found, everystep's backend refuses it, or no ``TASKS`` backend
+    is everystep's."""
+    candidate = _find_task(name)
+    if candidate is None:
         return False
     alias = _everystep_alias()
     if alias is None:
@@ -287,7 +317,9 @@ def _run(task: Task, args: list, kwargs: dict):
                 result = task.get_backend().get_result(str(ctx.workflow_id))
                 return task.call(TaskContext(task_result=result), *args, **kwargs)
             return task.call(*args, **kwargs)
-        except Exception as exc:
+        except (KeyboardInterrupt, GeneratorExit):
+            raise  # not the task's failure: the runner lets them through
+        except BaseException as exc:  # SystemExit, CancelledError too: the runner records them as failures
             # TaskError.traceback: kept in the run's error by serde.encode_exception.
             exc._everystep_traceback = "".join(traceback.format_exception(exc))
             raise

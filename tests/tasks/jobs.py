@@ -2,7 +2,9 @@
 
 import asyncio
 import datetime as dt
+import enum
 import os
+import sys
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -40,6 +42,26 @@ def total(*numbers):
 def fails(message):
     double(1)
     raise ValueError(message)
+
+
+@task
+def exits(code):
+    sys.exit(code)
+
+
+@task
+async def cancelled():
+    await asyncio.sleep(0)
+    raise asyncio.CancelledError("the job was cancelled")
+
+
+class Level(enum.Enum):
+    HIGH = "high"
+
+
+@task
+def escalate(level):
+    return level.name
 
 
 @task
@@ -94,6 +116,15 @@ with override_settings(TASKS={**settings.TASKS, "immediate": IMMEDIATE}):
     @task(backend="immediate", priority=5)
     def inline_by_default(value):
         return double(value)
+
+
+def notify(to):  # a plain function, also called inline
+    return f"notified {to}"
+
+
+# Both patterns at once: made by calling task() on it, bound to another backend.
+with override_settings(TASKS={**settings.TASKS, "immediate": IMMEDIATE}):
+    notify_task = task(notify, backend="immediate")
 
 
 def not_a_task():

@@ -3,6 +3,7 @@ executed in-process (tests/tasks/test_worker.py runs them in worker processes)."
 
 import contextlib
 import datetime as dt
+import enum
 import re
 import uuid
 from decimal import Decimal
@@ -27,6 +28,7 @@ from everystep.errors import EverystepError, SimulatedCrash  # noqa: E402
 from everystep.models import Step, Workflow  # noqa: E402
 from everystep.statuses import RunStatus  # noqa: E402
 from everystep.tasks import STATUSES, EverystepBackend  # noqa: E402
+from everystep.worker import Worker  # noqa: E402
 from everystep_ui.tree import intended_steps  # noqa: E402
 from tests.helpers import CLAIMER, run_once  # noqa: E402
 from tests.tasks import jobs  # noqa: E402
@@ -56,6 +58,10 @@ def first_task(n):
 
 raise RuntimeError("the rest of this module is broken")
 """
+
+# Two module-level lambdas (Django accepts them: not in <locals>), both named
+# tests.tasks.test_backend.<lambda>.
+LAMBDAS = (lambda name: f"hello {name}", lambda name: f"{name.upper()}!")
 
 
 def run_of(result) -> Workflow:
@@ -138,6 +144,13 @@ def test_run_after_priority_and_other_queues_are_refused_with_djangos_errors():
     with pytest.raises(InvalidTask, match="^Queue 'emails' is not valid for backend.$"):
         jobs.total.using(queue_name="emails")
     assert Workflow.objects.count() == before
+
+
+def test_two_lambda_tasks_are_refused_as_one_name_cannot_tell_them_apart():
+    # Registered under one name, a worker would run the second's body for a run of the first.
+    for func in LAMBDAS:
+        with pytest.raises(InvalidTask, match=r"tests\.tasks\.test_backend\.<lambda> has no name of its own"):
+            task(func)
 
 
 def test_other_queues_fail_a_system_check_and_stay_refused():
@@ -249,6 +262,39 @@ def test_a_failure_reports_the_exception_class_and_its_traceback():
     stored = run_of(result).error
     assert stored == {"type": "builtins.ValueError", "message": "out of stock", "args": ["out of stock"],
                       "traceback": error.traceback}
+
+
+@pytest.mark.parametrize(("job", "args", "line"), [
+    (jobs.exits, (3,), "sys.exit(code)"),
+    (jobs.cancelled, (), 'raise asyncio.CancelledError("the job was cancelled")'),
+])
+def test_a_base_exception_raised_in_the_task_keeps_its_traceback(job, args, line):
+    # SystemExit from sys.exit(), CancelledError in an async task: not Exceptions.
+    result = job.enqueue(*args)
+    execute(result)
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.traceback.startswith("Traceback (most recent call last):\n"), error.traceback
+    assert line in error.traceback
+
+
+@pytest.mark.django_db(transaction=True)
+def test_get_result_of_a_task_whose_arguments_no_longer_decode_reports_it_failed(monkeypatch):
+    result = jobs.escalate.enqueue(jobs.Level.HIGH)
+    # A deploy renamed the enum's value: the stored arguments name one that is gone.
+    monkeypatch.setattr(jobs, "Level", enum.Enum("Level", {"HIGH": "urgent"}))
+    Worker(pool_size=1, poll=0.05, name="w1", stop_when_idle=True).run()
+    status, error = Workflow.objects.values_list("status", "error").get(id=result.id)
+    assert status == "failed" and "its stored arguments cannot be read" in error["message"]
+
+    # What a view polling the result does: not an EverystepError (a 500).
+    fetched = default_task_backend.get_result(result.id)
+    assert fetched.status == TaskResultStatus.FAILED
+    assert "its stored arguments cannot be read" in fetched.errors[0].traceback
+    [level] = fetched.args  # as stored
+    assert (level["$es"], level["v"]) == ("enum", "high")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
 
 
 def test_a_terminal_stop_is_failed_with_the_terminal_as_its_error():
@@ -419,6 +465,15 @@ def test_a_task_made_from_a_plain_function_runs_and_its_result_reads_back():
     greeting = jobs.greet_task.enqueue("ann")
     execute(greeting)
     assert greeting.return_value == f"hello ann from {greeting.id}"
+
+
+def test_a_plain_function_task_sent_here_reads_back_where_it_was_not_enqueued(monkeypatch):
+    result = jobs.notify_task.using(backend="default").enqueue("bob")
+    # Another process (a web worker polling the result): enqueue() registered
+    # nothing there.
+    monkeypatch.delitem(registry._workflows, jobs.notify_task.module_path)
+    fetched = default_task_backend.get_result(result.id)
+    assert (fetched.id, fetched.status) == (result.id, TaskResultStatus.READY)
 
 
 def test_get_result_of_a_run_whose_module_now_raises_on_import_does_not_exist(tmp_path, monkeypatch):

@@ -108,3 +108,18 @@ def test_a_task_of_another_backend_sent_here_with_using_is_run_by_a_worker(spawn
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42), worker.log()
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.log()
+
+
+def test_a_plain_function_task_of_another_backend_sent_here_is_run_by_a_worker(spawn_worker):
+    """Its module path names the plain function, not the Task: the worker finds
+    the Task among its module's globals."""
+    result = jobs.notify_task.using(backend="default").enqueue("ann")
+    assert result.status == TaskResultStatus.READY
+
+    worker = spawn_worker("durable", "--poll", "0.1")
+    wait_for(lambda: finished(result), timeout=60, what="the task to finish")
+
+    assert result.errors == [], result.errors[0].traceback
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "notified ann"), worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()
