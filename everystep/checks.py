@@ -34,7 +34,7 @@ def check_database_vendor(app_configs, databases=None, **kwargs):
 @checks.register()
 def check_everystep_database(app_configs, **kwargs):
     """``EVERYSTEP_DATABASE`` names a configured alias, and ``migrate`` puts the
-    tables there only."""
+    tables there, and there only."""
     alias = database.alias()
     if not database.is_alias(alias):
         return [
@@ -43,6 +43,20 @@ def check_everystep_database(app_configs, **kwargs):
                 f"({', '.join(settings.DATABASES)}).",
                 hint="Set EVERYSTEP_DATABASE to the alias that holds everystep's tables.",
                 id="everystep.E003",
+            )
+        ]
+    if not router.allow_migrate(alias, "everystep", model_name="workflow"):
+        # Else migrate never creates the tables there: every query fails with "no such table".
+        return [
+            checks.Error(
+                f"EVERYSTEP_DATABASE is {alias!r}, but the routers' allow_migrate keeps the app "
+                "'everystep' off it: migrate never creates everystep's tables there.",
+                hint=(
+                    "Put 'everystep.routers.EverystepRouter' first in DATABASE_ROUTERS, or make "
+                    "your router's allow_migrate return True (or None) for the app 'everystep' on "
+                    "that alias."
+                ),
+                id="everystep.E008",
             )
         ]
     migrates_default = router.allow_migrate(DEFAULT_DB_ALIAS, "everystep", model_name="workflow")

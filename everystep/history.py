@@ -225,7 +225,9 @@ def fork_from_step(
         _check_unsafe(cut, confirm_unsafe, "forking")
         fork = Workflow.objects.create(id=fork_id, name=origin.name, args=origin.args)
         _copy_rows(run_id, fork.id, cut)
-        RunFork.objects.create(run=fork, origin_id=run_id, origin_step_id=cut.step.step_id)
+        # By id: assigning the instance (run=fork) asks the project's routers
+        # whether RunFork may point at a run on everystep's database.
+        RunFork.objects.create(run_id=fork.id, origin_id=run_id, origin_step_id=cut.step.step_id)
         notify_scheduled()
     return fork, cut
 

@@ -173,6 +173,11 @@ class WorkflowAdmin(ReadOnlyAdmin):
         extra_context = {"overview_url": self.page_url(request, "overview"), **(extra_context or {})}
         return super().changelist_view(request, extra_context)
 
+    @method_decorator(views.reading_replica)
+    def history_view(self, request, object_id, extra_context=None):
+        # The run page links here: a page of the UI, read as the others are.
+        return super().history_view(request, object_id, extra_context)
+
     def get_urls(self):
         name_prefix = f"{self.opts.app_label}_{self.opts.model_name}_"
         return self.run_urls(name_prefix) + super().get_urls()

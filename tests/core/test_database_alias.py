@@ -14,11 +14,13 @@ from django.core.checks import run_checks
 from django.db import connections, transaction
 from django.test import override_settings
 
-from everystep import checks, database, operations
+from everystep import checks, database, history, operations
 from everystep.api import schedule
-from everystep.models import Workflow
+from everystep.models import RunFork, Workflow
 from everystep.worker import Worker
 from tests.core import workflows as w
+from tests.core.test_unsafe import blocked_run
+from tests.helpers import run_once, run_workflow
 
 split_only = pytest.mark.skipif(
     "'engine' not in settings.DATABASES",
@@ -65,6 +67,22 @@ def test_migrating_everystep_into_default_too_is_a_check_warning():
         errors = checks.check_everystep_database(None)
     assert ids(errors) == ["everystep.W002"]
     assert "everystep.routers.EverystepRouter" in errors[0].hint
+
+
+class OnlyOurApps:
+    """A project's router: migrations of the project's own apps only."""
+
+    def allow_migrate(self, db, app_label, model_name=None, **hints):
+        return app_label in {"auth", "contenttypes", "sessions", "admin"}
+
+
+def test_a_router_that_never_migrates_everystep_into_its_database_is_reported():
+    # migrate would never create everystep_workflow there: every query fails with "no such table".
+    with override_settings(DATABASE_ROUTERS=[OnlyOurApps()]):
+        found = [error for error in run_checks() if (error.id or "").startswith("everystep.")]
+    assert ids(found) == ["everystep.E008"]
+    assert repr(database.alias()) in found[0].msg
+    assert "everystep.routers.EverystepRouter" in found[0].hint
 
 
 def tables(alias: str) -> set[str]:
@@ -118,6 +136,39 @@ def test_transitions_reach_the_engine_database():
     run = schedule(w.three_steps)
     operations.stop_run(run.id, actor="ops")
     assert Workflow.objects.using("engine").get(id=run.id).status == "stopped"
+
+
+class ProjectRouter:
+    """A project's own router in the style of Django's docs: every read and
+    write of the project goes to 'default'. everystep's transitions go to
+    EVERYSTEP_DATABASE whatever it says (docs/databases.md)."""
+
+    def db_for_read(self, model, **hints):
+        return "default"
+
+    def db_for_write(self, model, **hints):
+        return "default"
+
+
+@split_only
+def test_discarding_a_blocked_step_ignores_the_project_router():
+    row = blocked_run()
+    assert row.status == "blocked"
+    with override_settings(DATABASE_ROUTERS=[ProjectRouter()]):
+        operations.resolve_step(row.id, "1", discard=True)
+    assert not Workflow.objects.get(id=row.id).steps.filter(step_id="1").exists()
+    row = run_once(row)
+    assert row.status == "completed"
+    assert w.effects["charge:10"] == 2
+
+
+@split_only
+def test_forking_a_run_ignores_the_project_router():
+    row = run_workflow(w.three_steps)
+    assert row.status == "completed"
+    with override_settings(DATABASE_ROUTERS=[ProjectRouter()]):
+        fork, _ = history.fork_from_step(row.id, "2")
+    assert RunFork.objects.filter(run_id=fork.id, origin_id=row.id).exists()
 
 
 def test_a_listen_database_that_is_no_alias_is_a_check_error():

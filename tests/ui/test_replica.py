@@ -103,3 +103,14 @@ def test_reading_from_is_undone_after_the_block():
     with database.reading_from(REPLICA):
         assert database.alias() == REPLICA
     assert database.alias() == outside
+
+
+def test_the_history_page_linked_from_the_run_page_reads_from_the_replica(admin_client, replica, run_in):
+    run = run_in("failed")
+    page = admin_client.get(f"{BASE}{run.id}/run/").text
+    history_url = f"{BASE}{run.id}/history/"
+    assert history_url in page  # the run page's "History" link
+    response, on_engine, on_replica = requests_on_both(admin_client, "get", history_url)
+    assert response.status_code == 200
+    assert on_engine == []
+    assert any("everystep_workflow" in sql for sql in on_replica)
