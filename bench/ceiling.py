@@ -117,6 +117,7 @@ def pgbench_round(clients: int, seconds: float, script: Path, server: "Server") 
          "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))), "-f", str(script),
          "-h", db["HOST"], "-p", str(db["PORT"] or 5432), "-U", db["USER"], db["NAME"]],
         capture_output=True, text=True,
+        env={**os.environ, "PGPASSWORD": db["PASSWORD"]} if db.get("PASSWORD") else None,  # Django's password
     )
     client_after = children_cpu_seconds()  # pgbench's, reaped by run(): no other child ends meanwhile
     # pgbench's backends end after pgbench does: their time is the round's.

@@ -10,6 +10,7 @@ import time
 import psycopg
 from django.conf import settings
 
+from bench.common import connection_params
 from everystep import Terminal, WaitTimeout, parallel, sleep, start_child, step, wait_for_event, workflow
 from everystep.context import current
 
@@ -19,11 +20,10 @@ _local = threading.local()
 def _connection():
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed:
-        db = settings.DATABASES["default"]
         # Not prepared: behind PgBouncer (chaos.py --pgbouncer) a statement
         # prepared on one server connection is unknown on the next.
-        conn = psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"],
-                               dbname=db["NAME"], autocommit=True, prepare_threshold=None)
+        conn = psycopg.connect(**connection_params(settings.DATABASES["default"]), autocommit=True,
+                               prepare_threshold=None)
         _local.conn = conn
     return conn
 

@@ -105,6 +105,13 @@ def _admin(url: str):
     )
 
 
+def connection_params(db: dict) -> dict:
+    """``psycopg.connect()``'s arguments for a Django ``DATABASES`` entry, its
+    password included: a server that asks for one refuses a connection without."""
+    return {"host": db["HOST"], "port": db["PORT"] or 5432, "user": db["USER"],
+            "password": db.get("PASSWORD") or None, "dbname": db["NAME"]}
+
+
 def _drop(url: str, name: str) -> None:
     try:
         with _admin(url) as admin:
@@ -146,6 +153,14 @@ def stop_workers(procs) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def as_printed(value: float, spec: str) -> float:
+    """``value`` as ``format(value, spec)`` prints it (``".0%"``, ``".2f"``): a
+    figure is judged against its target as the reader sees it, so that "75%"
+    next to ">= 75%" is never a MISS."""
+    text = format(value, spec)
+    return float(text[:-1]) / 100 if text.endswith("%") else float(text)
 
 
 def table(rows, headers) -> str:

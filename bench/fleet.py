@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 try:
-    from bench.common import LOGDIR, everystep_tables, start_worker, stop_workers
+    from bench.common import LOGDIR, connection_params, everystep_tables, start_worker, stop_workers
 except ImportError:  # run as a script
-    from common import LOGDIR, everystep_tables, start_worker, stop_workers
+    from common import LOGDIR, connection_params, everystep_tables, start_worker, stop_workers
 
 STEPS_PER_RUN = 10
 FIRST_CLAIM_SQL = (
@@ -109,8 +109,7 @@ def fleet_round(
     if not idle_first:
         schedule_runs()
         connection.close()
-    db = settings.DATABASES["default"]
-    watch = Watch(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    watch = Watch(**connection_params(settings.DATABASES["default"]))
     procs = [
         start_worker(name, pool=pool, poll=poll, log=open(logdir / f"{name}.log", "w"))  # noqa: SIM115
         for name in names

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.ceiling import CPU_PER_STEP_US, FLEET_SHARE, SOLO_SHARE, of_it_scheduling  # noqa: E402
-from bench.common import table  # noqa: E402
+from bench.common import as_printed, table  # noqa: E402
 
 SECTIONS = ("overhead", "throughput", "pickup", "ui", "payloads", "ceiling", "ceiling-own-cpu")
 # Payload pages: a target for the time Chromium takes to draw them, and a bound
@@ -103,7 +103,8 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
             ["1 step overhead", "everystep, 1 thread", f"{rate['engine']:.0f} steps/s", "", ""],
             ["", "raw psycopg INSERT loop", f"{rate['psycopg']:.0f} rows/s", "", ""],
             ["", "Django ORM create() loop", f"{rate['orm']:.0f} rows/s", "", ""],
-            ["", "everystep / raw psycopg", f"{psycopg_share:.0%}", ">= 85%", verdict(psycopg_share >= 0.85)],
+            ["", "everystep / raw psycopg", f"{psycopg_share:.0%}", ">= 85%",
+             verdict(as_printed(psycopg_share, ".0%") >= 0.85)],
             ["", "everystep / Django ORM", f"{orm_share:.0%}", "", ""],
         ]
     tp = results.get("throughput")
@@ -118,26 +119,27 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
             rows += [
                 ["", f"DBOS Transact {peer['version']}, 2 x 8",
                  f"{peer['runs_per_s']:.0f} runs/s, {peer['steps_per_s']:.0f} steps/s", "", ""],
-                ["", "everystep / DBOS steps/s", f"{ratio:.2f}x", ">= 5x", verdict(ratio >= 5)],
+                ["", "everystep / DBOS steps/s", f"{ratio:.2f}x", ">= 5x",
+                 verdict(as_printed(ratio, ".2f") >= 5)],
             ]
     pick = results.get("pickup")
     if pick:
         notify, polled = pick["notify"], pick["poll"]
         rows += [
             ["3 pickup", "LISTEN/NOTIFY p50", f"{notify['p50_ms']:.1f} ms", "<= 10 ms",
-             verdict(notify["p50_ms"] <= 10)],
+             verdict(as_printed(notify["p50_ms"], ".1f") <= 10)],
             ["", "LISTEN/NOTIFY p99", f"{notify['p99_ms']:.1f} ms", "<= 50 ms",
-             verdict(notify["p99_ms"] <= 50)],
+             verdict(as_printed(notify["p99_ms"], ".1f") <= 50)],
             ["", f"polling only ({poll} s) p50", f"{polled['p50_ms']:.1f} ms", f"<= {poll * 1000:.0f} ms",
-             verdict(polled["p50_ms"] <= poll * 1000)],
+             verdict(as_printed(polled["p50_ms"], ".1f") <= poll * 1000)],
             ["", f"polling only ({poll} s) p99", f"{polled['p99_ms']:.1f} ms", "", ""],
         ]
     if over:
         rows += [
             ["4 replay", "10,000 recorded steps, load + replay", f"{over['replay_s']:.3f} s", "<= 0.5 s",
-             verdict(over["replay_s"] <= 0.5)],
+             verdict(as_printed(over["replay_s"], ".3f") <= 0.5)],
             ["", "peak memory per recorded step", f"{over['replay_kb_per_step']:.2f} KB", "a few KB (<= 4)",
-             verdict(over["replay_kb_per_step"] <= 4)],
+             verdict(as_printed(over["replay_kb_per_step"], ".2f") <= 4)],
         ]
     ui = results.get("ui")
     if ui:
@@ -146,7 +148,7 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
             if label.startswith("_"):
                 continue
             rows.append(["5 UI at scale" if first else "", f"{label}, p50", f"{fig['p50_ms']:.0f} ms",
-                         "<= 150 ms", verdict(fig["p50_ms"] <= 150)])
+                         "<= 150 ms", verdict(as_printed(fig["p50_ms"], ".0f") <= 150)])
             first = False
     pages = results.get("payloads")
     if pages:
@@ -156,7 +158,7 @@ def summary_rows(results: dict, poll: float) -> list[list[str]]:
                 continue
             rows += [
                 ["6 payload pages" if first else "", f"{label}, drawn (Chromium)", f"{fig['ms']:.0f} ms",
-                 f"<= {PAYLOAD_PAGE_MS} ms", verdict(fig["ms"] <= PAYLOAD_PAGE_MS)],
+                 f"<= {PAYLOAD_PAGE_MS} ms", verdict(as_printed(fig["ms"], ".0f") <= PAYLOAD_PAGE_MS)],
                 ["", f"{label}, HTML", f"{fig['bytes']:,} bytes", f"<= {PAYLOAD_PAGE_BYTES:,}",
                  verdict(fig["bytes"] <= PAYLOAD_PAGE_BYTES)],
             ]
@@ -194,11 +196,12 @@ def ceiling_rows(ceiling: dict | None, section: str) -> list[list[str]]:
              for config, fig in curve.items()]
     return rows + [
         ["", "everystep 1x1 / pgbench 1 client", f"{ceiling['solo_share']:.0%}", f">= {SOLO_SHARE:.0%}",
-         verdict(ceiling["solo_share"] >= SOLO_SHARE)],
+         verdict(as_printed(ceiling["solo_share"], ".0%") >= SOLO_SHARE)],
         ["", f"everystep {fleet} / pgbench {clients} clients", f"{ceiling['fleet_share']:.0%}",
-         f">= {FLEET_SHARE:.0%}", verdict(ceiling["fleet_share"] >= FLEET_SHARE)],
+         f">= {FLEET_SHARE:.0%}", verdict(as_printed(ceiling["fleet_share"], ".0%") >= FLEET_SHARE)],
         ["", "worker CPU per recorded step (1x1)", f"{ceiling['cpu_us_per_step']:.0f} us",
-         f"<= {CPU_PER_STEP_US} us", verdict(ceiling["cpu_us_per_step"] <= CPU_PER_STEP_US)],
+         f"<= {CPU_PER_STEP_US} us",
+         verdict(as_printed(ceiling["cpu_us_per_step"], ".0f") <= CPU_PER_STEP_US)],
     ]
 
 

@@ -16,9 +16,9 @@ import tracemalloc
 from pathlib import Path
 
 try:
-    from bench.common import median, setup, table
+    from bench.common import connection_params, median, setup, table
 except ImportError:  # run as a script
-    from common import median, setup, table
+    from common import connection_params, median, setup, table
 
 
 def engine_round(n: int) -> float:
@@ -44,9 +44,7 @@ def psycopg_round(n: int) -> float:
     from everystep.models import Workflow
 
     run = Workflow.objects.create(name="bench.raw", args=[], status="running", claimed_by="raw")
-    db = settings.DATABASES["default"]
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"],
-                         dbname=db["NAME"], autocommit=True) as conn:
+    with psycopg.connect(**connection_params(settings.DATABASES["default"]), autocommit=True) as conn:
         sql = ("INSERT INTO everystep_step (workflow_id, step_id, name, args, kwargs, status, "
                "result, error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)")
         start = time.perf_counter()
@@ -119,6 +117,8 @@ def main(argv=None):
     parser.add_argument("--replay-steps", type=int, default=10_000)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1 or args.replay_steps < 1:
+        parser.error("--steps, --rounds and --replay-steps must be at least 1")
     setup("overhead")
     rates = {"engine": [], "psycopg": [], "orm": []}
     for _ in range(args.rounds):  # interleaved, so that machine noise hits all three alike

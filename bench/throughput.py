@@ -95,8 +95,8 @@ def main(argv=None):
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if args.rounds < 1 or args.runs < 1 or args.workers < 1 or args.pool < 1:
+        parser.error("--rounds, --runs, --workers and --pool must be at least 1")
     setup("throughput")
     our_rounds, peer_rounds = [], []
     peer = {"error": "skipped (--no-dbos)"} if args.no_dbos else {}

@@ -6,7 +6,9 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = os.environ.get("DEMO_SECRET_KEY", "everystep-demo-not-secret")
 DEBUG = True
-ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+# Any host: DEMO_ADDR may name 0.0.0.0 or the machine's address, and the demo
+# must answer at the URL scripts/demo prints. A DEBUG-only showcase, never deployed.
+ALLOWED_HOSTS = ["*"]
 USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "demo_project.urls"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from bench.run import default_sections, summary_rows
@@ -326,3 +327,68 @@ def test_the_servers_cpu_keeps_the_time_of_a_backend_that_just_ended():
             conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
             burned = cpu_seconds(backend)
         assert server.cpu_seconds() - before >= burned - 0.02  # two clock ticks of rounding
+
+
+def test_a_figure_printed_on_its_target_is_not_judged_a_miss():
+    # Each figure is printed rounded ("{:.0%}", "{:.0f} us"): 74.96% is printed
+    # "75%" next to ">= 75%", 100.4 us "100 us" next to "<= 100 us"; the
+    # summary must not contradict itself with a MISS.
+    ceiling = {**FIGURES["ceiling"], "solo_share": 0.7496, "cpu_us_per_step": 100.4}
+    rows = {row[1]: (row[2], row[3], row[4]) for row in summary_rows({"ceiling": ceiling}, 0.2) if row[4]}
+    for figure in ("everystep 1x1 / pgbench 1 client", "worker CPU per recorded step (1x1)"):
+        value, target, verdict = rows[figure]
+        assert not (target.endswith(value) and verdict == "MISS"), f"{figure}: {value} vs {target}: {verdict}"
+
+
+def test_the_fleets_watch_connects_with_the_databases_password(monkeypatch, tmp_path):
+    # fleet_round (the round of throughput.py, ceiling.py, pgbouncer.py and
+    # flat_costs.py) polls the runs on a psycopg connection of its own: on a
+    # server that asks for a password it must pass the one Django connects with.
+    import bench.fleet
+
+    seen = {}
+
+    class Watch:
+        def __init__(self, **params):
+            seen.update(params)
+
+        def close(self):
+            pass
+
+    class Started(Exception):
+        pass
+
+    def start_worker(*args, log, **kwargs):
+        log.close()
+        raise Started  # the watch is made: stop before any worker or SQL
+
+    monkeypatch.setitem(settings.DATABASES["default"], "PASSWORD", "s3cret")
+    monkeypatch.setattr(bench.fleet, "reset", lambda: None)
+    monkeypatch.setattr(bench.fleet, "Watch", Watch)
+    monkeypatch.setattr(bench.fleet, "start_worker", start_worker)
+    with pytest.raises(Started):
+        bench.fleet.fleet_round(1, ["bench-review"], pool=1, poll=0.2, idle_first=True, logdir=tmp_path)
+    assert seen.get("password") == "s3cret", f"the watch connects with {seen}"
+
+
+def bench_rejects(*argv: str, timeout: float):
+    """A bad count is answered with argparse's usage error (exit 2) before any
+    work, not with a traceback or a wait for a claim that cannot come."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the benchmarks run against PostgreSQL")
+    done = run_script(f"bench/{argv[0]}", *argv[1:], timeout=timeout,
+                      env={"EVERYSTEP_BENCH_DATABASE_URL": server_url("everystep_bench_smoke")})
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+
+
+def test_step_overhead_rejects_zero_rounds():
+    bench_rejects("step_overhead.py", "--rounds", "0", "--steps", "10", "--replay-steps", "10", timeout=120)
+
+
+def test_step_overhead_rejects_zero_steps():
+    bench_rejects("step_overhead.py", "--rounds", "1", "--steps", "0", "--replay-steps", "10", timeout=120)
+
+
+def test_throughput_rejects_zero_runs():
+    bench_rejects("throughput.py", "--runs", "0", "--rounds", "1", "--no-dbos", timeout=45)

@@ -2,6 +2,7 @@ import threading
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.core.management.commands.runserver import Command as Runserver
 
 from everystep.worker import Worker
 
@@ -16,10 +17,19 @@ class Command(BaseCommand):
         worker = Worker(pool_size=4, poll=0.5, name="demo-embedded-worker", drain=5,
                         install_signals=False)
         thread = threading.Thread(target=worker.run, name="everystep-worker", daemon=True)
-        thread.start()
+
+        class Server(Runserver):
+            def on_bind(self, server_port):
+                super().on_bind(server_port)
+                # The worker starts only once the address is bound: when it cannot be
+                # (port in use), runserver ends the process with os._exit(1), past the
+                # finally below, and a worker started earlier would leave its runs claimed.
+                thread.start()
+
         try:
             # No autoreloader: it would start a second process with a second worker.
-            call_command("runserver", addrport, use_reloader=False)
+            call_command(Server(), addrport, use_reloader=False)
         finally:
             worker.stop()
-            thread.join(10)
+            if thread.is_alive():
+                thread.join(10)
