@@ -11,11 +11,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import IntegrityError
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from . import children, cron, database, registry, serde, statements, waits
 from .errors import EverystepError, StepFailure, Terminal
-from .models import Heartbeat, Step, Wait, Workflow
+from .models import ChildRun, Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
 
@@ -373,8 +375,10 @@ def prune(
     transaction on locked rows (so a run retried meanwhile is not deleted).
     A run waiting for a deleted child is woken in that transaction: it
     raises ``ChildFailed`` saying the child was deleted. Each cron workflow's
-    newest ``cron:`` run is kept (see ``_newest_slot_runs``).
-    Returns how many runs were deleted (or would be, with ``dry_run``).
+    newest ``cron:`` run is kept (see ``_newest_slot_runs``), and a child
+    while its parent is (see ``_unlinked``).
+    Returns how many runs were deleted (or would be, with ``dry_run``: a
+    child counted when its parent would be deleted, not further up).
     """
     statuses = _prunable(statuses)
     if not 1 <= batch <= MAX_PRUNE_BATCH:
@@ -388,7 +392,13 @@ def prune(
     ).order_by()
     if dry_run:
         names = old.filter(idempotency_key__startswith=cron.KEY_PREFIX).values_list("name", flat=True)
-        return old.exclude(id__in=_newest_slot_runs(set(names.distinct()), {})).count()
+        kept = _newest_slot_runs(set(names.distinct()), {})
+        prunable = old.exclude(id__in=kept) if kept else old
+        return prunable.exclude(
+            Exists(ChildRun.objects.filter(child_id=OuterRef("id")).exclude(parent_id__in=prunable))
+        ).count()
+    from .history import BATCH  # ids per IN list; history imports this module
+
     deleted = 0
     newest: dict[str, int | None] = {}  # each cron workflow's newest slot run, kept
     while True:
@@ -396,6 +406,7 @@ def prune(
             kept = [run_id for run_id in newest.values() if run_id is not None]
             rows = list(
                 (old.exclude(id__in=kept) if kept else old)
+                .filter(_unlinked())
                 .select_for_update()
                 .values_list("id", "name", "idempotency_key")[:batch]
             )
@@ -404,10 +415,21 @@ def prune(
             names = {name for _, name, key in rows if key and key.startswith(cron.KEY_PREFIX)}
             kept = _newest_slot_runs(names - newest.keys(), newest)
             ids = [run_id for run_id, _, _ in rows if run_id not in kept]
-            if ids:
-                _wake_waiters_of(ids)
-                Workflow.objects.filter(id__in=ids, status__in=statuses).only("id").delete()
+            # A batch may hold more ids than a statement takes parameters.
+            for start in range(0, len(ids), BATCH):
+                chunk = ids[start : start + BATCH]
+                _wake_waiters_of(chunk)
+                Workflow.objects.filter(id__in=chunk, status__in=statuses).only("id").delete()
         deleted += len(ids)
+
+
+def _unlinked():
+    """Runs no living run started with ``start_child``: a child is kept while
+    its parent is, as re-running the parent from before its ``start_child``
+    finds that child again by its key (a new one would repeat its effects).
+    Deleting the parent deletes the link, so a later batch of the same prune
+    takes the child: never before its parent, no query per run."""
+    return ~Exists(ChildRun.objects.filter(child_id=OuterRef("id")))
 
 
 def _newest_slot_runs(names, newest: dict) -> set:
@@ -428,11 +450,12 @@ def _newest_slot_runs(names, newest: dict) -> set:
 
 def _wake_waiters_of(run_ids) -> None:
     """``children.wake_waiters`` for runs about to be deleted, with one read
-    for the whole batch: a parent waiting for one of them (a blocked child;
-    an ended one woke its waiters as it ended) would otherwise wait forever,
-    as nothing ends a deleted run. Woken, it replays the wait and finds the
-    child gone (``ChildFailed``). The caller locked the runs' rows first, as
-    a child's end does."""
+    per chunk: a run waiting for one of them (a blocked child; an ended one
+    woke its waiters as it ended) would otherwise wait forever, as nothing
+    ends a deleted run. A child is kept while its parent is (``_unlinked``),
+    so such a run is mostly a fork waiting for a child of its pruned original. Woken, it
+    replays the wait and finds the child gone (``ChildFailed``). The caller
+    locked the runs' rows first, as a child's end does."""
     keys = [str(run_id) for run_id in run_ids]
     waiting = Wait.objects.filter(kind=children.WAIT_KIND, key__in=keys).order_by()
     for run_id, key in waiting.values_list("run_id", "key"):

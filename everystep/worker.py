@@ -74,6 +74,10 @@ PROBE_TIMEOUT = 5.0
 
 
 MAX_POLL = 86400  # seconds: the longest poll interval a worker accepts
+# The largest --pool: a thread and a database connection each, far beyond
+# what one process uses well; a typo past it would be a worker whose heartbeat
+# never fits pool_size (a 4-byte integer) and whose shutdown never ends.
+MAX_POOL = 1000
 # Seconds a control notice for a run with no slot here is kept: a claimed
 # run's slot is seated within moments of its claim.
 EARLY_NOTICE_KEPT = 5.0
@@ -177,8 +181,8 @@ class Worker:
         problems = heartbeats.problems(heartbeat_interval, recover_stale_after)
         if problems:
             raise EverystepError(" ".join(message for _, message in problems))
-        if pool_size < 1:
-            raise EverystepError(f"the pool size must be at least 1, got {pool_size}")
+        if not 1 <= pool_size <= MAX_POOL:
+            raise EverystepError(f"the pool size (--pool) must be 1 to {MAX_POOL:,}, got {pool_size}")
         # NaN passes the comparisons below: as a poll it makes every idle wait
         # 0 s (a busy loop), as a drain a deadline never reached.
         if not math.isfinite(poll):
@@ -714,7 +718,7 @@ class Worker:
         if self.metrics_port is not None:
             try:
                 server, _ = observability.serve_worker_metrics(self.metrics_port, self.metrics_bind)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a host IDNA cannot encode
                 raise EverystepError(
                     f"cannot serve metrics on {self.metrics_bind}:{self.metrics_port}: {exc}"
                 ) from None

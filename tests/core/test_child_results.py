@@ -10,7 +10,7 @@ import pytest
 from everystep import children, operations, runner, waits
 from everystep.api import schedule
 from everystep.errors import SimulatedCrash
-from everystep.models import Step, Wait, Workflow
+from everystep.models import ChildRun, Step, Wait, Workflow
 from tests.core import child_workflows as cw
 from tests.core import workflows as w
 from tests.helpers import CLAIMER, claim, crash_before_end, run_once
@@ -113,6 +113,11 @@ def test_pruning_a_blocked_child_wakes_its_parent_which_raises_child_failed():
     parent, child = waiting_parent("ok", "d2")
     claim(child)
     assert children.finish_child(child.id, CLAIMER, "blocked", error={"type": "x", "message": "uncertain"})
+    # A child is kept while its parent is (here waiting for it).
+    assert operations.prune(older_than=dt.timedelta(0), statuses=["blocked"]) == 0
+    assert status_of(parent) == "waiting"
+    # A child whose link is gone (deleted by hand, say) is pruned, and its waiter woken.
+    ChildRun.objects.filter(child_id=child.id).delete()
     assert operations.prune(older_than=dt.timedelta(0), statuses=["blocked"]) == 1
     assert status_of(parent) == "scheduled"
     assert not Wait.objects.filter(run_id=parent.id).exists()

@@ -2,12 +2,14 @@
 step, linked to its parent, and never started twice (replays, crashes at every
 point of the start, a second worker replaying the same parent)."""
 
+import datetime as dt
 import threading
 import uuid
 
 import pytest
+from django.core.management import call_command
 
-from everystep import children, database, history, operations, runner
+from everystep import children, database, history, operations, runner, sleep, step, workflow
 from everystep.api import schedule, start_child
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import ChildRun, Step, Workflow
@@ -249,3 +251,71 @@ def run_once_again(run, *, claim_first=True) -> Workflow:
         return run_once(row)
     runner.execute(row, CLAIMER)
     return Workflow.objects.get(id=run.id)
+
+
+# docs/children.md: "re-running the parent from before its start_child step
+# finds the same child again (the key is the same)", also after a prune.
+
+charges = []
+
+
+@step
+def charge_card(order):
+    charges.append(order)
+    return "charged"
+
+
+@workflow
+def charge(order):
+    return charge_card(order)
+
+
+@step
+def load(order):
+    return order
+
+
+@step
+def ship(order):
+    raise RuntimeError("the courier's API is down")
+
+
+@workflow
+def checkout(order):
+    load(order)
+    handle = start_child(charge, order)
+    handle.result()
+    sleep(dt.timedelta(days=45))
+    return ship(order)
+
+
+def test_rerun_from_before_start_child_after_a_prune_does_not_charge_again():
+    charges.clear()
+    parent = run_once(schedule(checkout, "B-2"))
+    assert parent.status == "waiting"
+    child = Workflow.objects.get(idempotency_key__startswith="everystep.child:")
+    child = run_once(child)
+    assert run_once(Workflow.objects.get(id=parent.id)).status == "waiting"  # now in its sleep
+    Workflow.objects.filter(id=child.id).update(completed_at=child.completed_at - dt.timedelta(days=40))
+    # The child is kept while its parent (waiting) is.
+    assert operations.prune(older_than=dt.timedelta(days=30), dry_run=True) == 0
+    call_command("everystep_prune", "--older-than", "30")
+    operations.wake_now(parent.id)
+    assert run_once(Workflow.objects.get(id=parent.id)).status == "failed"
+
+    # The operator re-runs it from its first step; nothing asks to confirm a charge.
+    call_command("everystep_rerun", str(parent.id), "1")
+    run_once(Workflow.objects.get(id=parent.id))
+    for run in Workflow.objects.filter(name=child.name, status="scheduled"):
+        run_once(run)
+    assert charges == ["B-2"], "the re-run started a second charge child: its key was pruned"
+
+    # Pruned with its parent: the parent first, the child in the same prune after it.
+    assert Workflow.objects.get(id=parent.id).status == "waiting"  # in its sleep again
+    operations.stop_run(parent.id)
+    Workflow.objects.filter(id__in=[parent.id, child.id]).update(
+        completed_at=child.completed_at - dt.timedelta(days=40)
+    )
+    assert operations.prune(older_than=dt.timedelta(days=30), dry_run=True) == 2
+    assert operations.prune(older_than=dt.timedelta(days=30), batch=1) == 2
+    assert not Workflow.objects.exists()

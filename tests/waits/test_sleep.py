@@ -5,10 +5,11 @@ import datetime as dt
 from unittest import mock
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from everystep import claims, operations, runner, waits
+from everystep import claims, operations, runner, sleep, step, waits, workflow
 from everystep.api import schedule
 from everystep.errors import EverystepError, SimulatedCrash
 from everystep.models import Event, Step, Wait, Workflow
@@ -260,3 +261,55 @@ def test_a_look_with_nothing_due_is_one_query(django_assert_num_queries):
     Wait.objects.all().delete()
     with django_assert_num_queries(1, connection=database.connection()):
         assert waits.wake_due() == (0, None)
+
+
+# docs/operations.md: prune frees a pruned run's idempotency key, so
+# --older-than must exceed the longest a body relies on a key (nothing records
+# that a body's schedule() found a run by its key).
+
+sent = []
+
+
+@step
+def send_invoice(order):
+    sent.append(order)  # the effect: an e-mail to the customer
+    return "sent"
+
+
+@workflow
+def invoice(order):
+    return send_invoice(order)
+
+
+@workflow
+def order_flow(order):
+    # In the body, so with a key: "then a replay returns the same run".
+    schedule(invoice, order, idempotency_key=f"invoice-{order}")
+    sleep(dt.timedelta(days=45))  # e.g. a return window
+    return "closed"
+
+
+def test_a_prune_older_than_a_bodys_sleep_keeps_the_keyed_run_its_replay_finds():
+    sent.clear()
+    parent = run_once(schedule(order_flow, "A-1"))
+    assert parent.status == "waiting"
+    child = Workflow.objects.get(idempotency_key="invoice-A-1")
+    child = run_once(child)
+    assert child.status == "completed"
+    assert sent == ["A-1"]
+    # 40 days later: a prune of runs that ended over 30 days ago would free the key...
+    Workflow.objects.filter(id=child.id).update(completed_at=child.completed_at - dt.timedelta(days=40))
+    assert operations.prune(older_than=dt.timedelta(days=30), dry_run=True) == 1
+    # ...so the nightly prune keeps more than the body's 45 days.
+    call_command("everystep_prune", "--older-than", "60")
+
+    # The parent's sleep ends (wake_now stands in for the 45 days) and it replays its body.
+    operations.wake_now(parent.id)
+    assert run_once(Workflow.objects.get(id=parent.id)).status == "completed"
+
+    # The replay's schedule() found the same run, not a new invoice.
+    again = list(Workflow.objects.filter(name=child.name).exclude(id=child.id))
+    for run in again:  # a worker would claim it
+        run_once(run)
+    assert sent == ["A-1"], "the invoice was sent twice: the replay's schedule() found no run for its key"
+    assert again == []

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -10,6 +11,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from everystep.models import Step, Workflow
@@ -40,7 +42,9 @@ def run_command(*args) -> str:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--pool", "0"], "pool size must be at least 1"),
+        (["--pool", "0"], r"pool size \(--pool\) must be 1 to 1,000, got 0"),
+        # Past pool_size's 4-byte column no heartbeat is written, and shutdown never ends.
+        (["--pool", "3000000000"], r"pool size \(--pool\) must be 1 to 1,000, got 3000000000"),
         (["--poll", "0"], "poll interval must be positive"),
         (["--poll", "nan"], "poll interval must be a finite number"),  # not an idle busy loop
         (["--poll", "1e10"], r"poll interval must be at most 86400 seconds \(a day\), got 1e\+10"),
@@ -185,6 +189,40 @@ def test_prune_refuses_bad_input(args, message):
     assert Workflow.objects.filter(id=run.id).exists()
 
 
+def test_prune_with_the_largest_documented_batch_on_a_stock_sqlite():
+    # A batch's ids go to the database in IN lists of a bounded length, not as
+    # one list of --batch parameters past SQLite's stock limit (32,766).
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's limit on bound parameters")
+    connection.ensure_connection()
+    connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32766)  # the stock build's
+    ended = timezone.now() - dt.timedelta(days=40)
+    Workflow.objects.bulk_create(
+        [Workflow(name="x.y", args=[], status="completed", completed_at=ended) for _ in range(33_000)],
+        batch_size=500,
+    )
+    call_command("everystep_prune", "--older-than", "30", "--batch", "100000")
+    assert not Workflow.objects.exists()
+
+
+def test_prune_with_the_largest_documented_batch_on_postgresql_with_server_side_binding():
+    # OPTIONS {"server_side_binding": True} (docs/workers.md, PgBouncer): the
+    # PostgreSQL protocol takes at most 65,535 parameters in one statement.
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's limit on bound parameters")
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    connection.connection.cursor_factory = ServerBindingCursor
+    ended = timezone.now() - dt.timedelta(days=40)
+    Workflow.objects.bulk_create(
+        [Workflow(name="x.y", args=[], status="completed", completed_at=ended) for _ in range(70_000)],
+        batch_size=1000,
+    )
+    call_command("everystep_prune", "--older-than", "30", "--batch", "100000")
+    assert not Workflow.objects.exists()
+
+
 # A real commit, not the test's open transaction: from Django 6.0 every command's
 # system checks query the database (JSONField support), and on SQLite with
 # IMMEDIATE transactions they would wait on the test's write lock.
@@ -217,3 +255,15 @@ def test_worker_refuses_a_metrics_port_in_use():
         port = taken.getsockname()[1]
         with pytest.raises(CommandError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             call_command("everystep_worker", "--metrics-port", str(port), "--metrics-bind", "127.0.0.1")
+
+
+@pytest.mark.parametrize("bind", ["metrics..internal", "a" * 64 + ".example"])
+def test_worker_refuses_a_malformed_metrics_bind_host_clearly(bind, monkeypatch):
+    # A host IDNA cannot encode: the same refusal as a taken port, not a UnicodeError traceback.
+    pytest.importorskip("prometheus_client")
+    from everystep import cron
+
+    # Past the metrics server the worker would start for good: fail instead.
+    monkeypatch.setattr(cron, "CronStarter", lambda *a, **k: pytest.fail("the worker started"))
+    with pytest.raises(CommandError, match="cannot serve metrics on"):
+        call_command("everystep_worker", "--metrics-port", "19391", "--metrics-bind", bind)

@@ -522,3 +522,22 @@ def test_a_worker_waking_many_due_runs_keeps_the_run_it_executes(tmp_path, spawn
     assert (after.status, after.claimed_by) == (S.RUNNING, "busy"), other.log()[-2000:]
     for worker in (busy, other):
         worker.signal(signal.SIGKILL)
+
+
+def test_an_absurd_pool_size_is_refused_at_start_not_a_worker_that_never_stops(spawn_worker, tmp_path):
+    # A typo (3000000000) would be a worker whose heartbeat never fits pool_size
+    # (a 4-byte integer), so its runs are never recovered, and which at SIGTERM
+    # never exits (_close_pool_connections submits one task per pool slot).
+    run = schedule(w.chain, str(tmp_path / "log"), 2)
+    worker = spawn_worker("huge", "--pool", "3000000000", "--poll", "0.1", extra_env=FAST)
+    wait_for(
+        lambda: not worker.alive() or row(run).status == S.COMPLETED,
+        timeout=30, what="the run to complete or the worker to refuse the option",
+    )
+    if not worker.alive():  # refused at start: what should happen
+        assert "--pool" in worker.log() or "pool size" in worker.log(), worker.log()
+        return
+    wait_for(lambda: Heartbeat.objects.filter(name="huge").exists(), timeout=5,
+             what=f"the worker's heartbeat; its log: {worker.log()[-300:]}")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()
