@@ -53,8 +53,48 @@ def release_run(run_id, claimer: str) -> bool:
     )
 
 
+def resolvable_steps(run_id):
+    """The ``started`` rows of a run that :func:`resolve_step` settles, in
+    recording order: a wait's started row is not an effect to settle
+    (``wake_now`` ends a wait)."""
+    started = Step.objects.filter(workflow_id=run_id, status=Step.Status.STARTED)
+    return started.exclude(name__in=waits.WAIT_STEP_NAMES).order_by("id")
+
+
+def mark_of(ids) -> str:
+    """Names the step rows an operator was shown (their ids, in recording
+    order), to pass back as ``expected_mark``: how many, and the last one's id
+    (``history.Cut.mark`` is one too). A row is only ever added with a higher id, so
+    a row added or deleted since changes it, also with the run back in the
+    status it had (another operator acted and it came back)."""
+    ids = list(ids)
+    return f"{len(ids)}:{ids[-1] if ids else 0}"
+
+
+def waits_mark(run_id) -> str:
+    """Names what a run waits for (its waits' step ids), to pass back to
+    :func:`wake_now` as ``expected_mark``."""
+    step_ids = Wait.objects.filter(run_id=run_id).values_list("step_id", flat=True)
+    return " ".join(sorted(step_ids)) or "none"
+
+
+def _check_mark(run_id, expected_mark: str | None, mark: str, what: str) -> None:
+    """Refuses, under the run row's lock, an operation whose rows changed since
+    the operator was shown them (``expected_mark``; ``None``: not asked)."""
+    if expected_mark is not None and expected_mark != mark:
+        raise EverystepError(
+            f"run {run_id} moved on: {what} changed since they were shown; nothing was changed"
+        )
+
+
 def resolve_step(
-    run_id, step_id: str, *, result: Any = _MISSING, error: str | None = None, discard: bool = False
+    run_id,
+    step_id: str,
+    *,
+    result: Any = _MISSING,
+    error: str | None = None,
+    discard: bool = False,
+    expected_mark: str | None = None,
 ) -> Workflow:
     """Resolve the ``started`` step of a ``blocked`` run and put the run back to ``scheduled``.
 
@@ -62,7 +102,10 @@ def resolve_step(
     (record ``failed`` as a ``StepFailure`` carrying the message) or
     ``discard`` (delete the row, so the step runs on the next claim).
     Refuses with ``EverystepError`` and changes nothing when the run is not
-    blocked or the step is not its ``started`` step.
+    blocked, the step is not its ``started`` step, or its started rows are
+    not ``expected_mark`` (:func:`mark_of` the rows the operator was shown);
+    with :class:`~everystep.serde.RefusedByDatabase` when the database
+    refuses the result.
     """
     chosen = [result is not _MISSING, error is not None, discard]
     if sum(chosen) != 1:
@@ -83,10 +126,10 @@ def resolve_step(
             raise EverystepError(
                 f"run {run_id} is {run.status}, not blocked: only a blocked run can be resolved"
             )
-        # A wait's started row is not an effect to settle: wake_now ends a wait.
-        started = Step.objects.filter(workflow=run, status=Step.Status.STARTED).exclude(
-            name__in=waits.WAIT_STEP_NAMES
-        )
+        started = resolvable_steps(run_id)
+        # Another operator may have resolved the attempt shown and the step
+        # blocked again: the outcome found out is not the new attempt's.
+        _check_mark(run_id, expected_mark, mark_of(started.values_list("id", flat=True)), "its started steps")
         step = started.filter(step_id=step_id).first()
         if step is None:
             ids = ", ".join(started.values_list("step_id", flat=True)) or "none"
@@ -94,18 +137,25 @@ def resolve_step(
                 f"step {step_id!r} is not a started step of run {run_id} (started steps: {ids})"
             )
         if discard:
-            step.delete()
+            # Through everystep's manager, as the updates below: its database, not a router's.
+            Step.objects.filter(pk=step.pk).delete()
         elif error is not None:
             Step.objects.filter(pk=step.pk).update(
                 status=Step.Status.FAILED, error=encode_exception(StepFailure(str(error)))
             )
         else:
-            Step.objects.filter(pk=step.pk).update(status=Step.Status.DONE, result=result)
+            try:
+                Step.objects.filter(pk=step.pk).update(status=Step.Status.DONE, result=result)
+            except IntegrityError as exc:  # MariaDB's JSON check: nesting past 32 levels
+                raise serde.RefusedByDatabase(
+                    f"the database refused the result of step {step_id!r}, nothing was changed: {exc}"
+                ) from None
         Workflow.objects.filter(id=run_id, status=Status.BLOCKED).update(
             status=Status.SCHEDULED, error=None, claimed_by=None, completed_at=None
         )
         notify_scheduled()  # an idle worker picks the run up at once
-    run.refresh_from_db()
+    # From everystep's database, not where the project's routers send Workflow reads.
+    run.refresh_from_db(using=database.alias())
     return run
 
 
@@ -166,10 +216,14 @@ def retry_preview(run_id) -> list[DiscardedStep]:
     return _discardable(run_id)
 
 
-def retry_run(run_id, *, expected_status: str | None = None) -> list[DiscardedStep]:
+def retry_run(
+    run_id, *, expected_status: str | None = None, expected_mark: str | None = None
+) -> list[DiscardedStep]:
     """``failed``/``stopped`` -> ``scheduled``, discarding the step rows from the
     first ``failed`` one onward (so the failed step runs again) and clearing the
-    run's end. One transaction on the locked run row; returns what was discarded."""
+    run's end. One transaction on the locked run row; returns what was discarded.
+    ``expected_mark``: :func:`mark_of` the rows :func:`retry_preview` showed;
+    nothing is written if the rows to discard are others now."""
     run_id = parse_run_id(run_id)
     statuses = _allowed_from(run_id, expected_status, RETRYABLE, "retried")
     with database.atomic():
@@ -182,6 +236,8 @@ def retry_run(run_id, *, expected_status: str | None = None) -> list[DiscardedSt
         if status not in statuses:
             raise _refusal(run_id, expected_status, RETRYABLE, "retried")
         discarded = _discardable(run_id)
+        # Retried and failed again meanwhile, it may discard rows (unsafe ones) never shown.
+        _check_mark(run_id, expected_mark, mark_of(row.id for row in discarded), "the step rows to discard")
         Step.objects.filter(id__in=[row.id for row in discarded]).delete()
         Workflow.objects.filter(id=run_id, status=status).update(
             status=Status.SCHEDULED, error=None, result=None, completed_at=None, claimed_by=None
@@ -237,7 +293,7 @@ def requeue_run(
     return Workflow.objects.get(id=run_id)
 
 
-def wake_now(run_id, *, actor: str | None = None) -> Workflow:
+def wake_now(run_id, *, actor: str | None = None, expected_mark: str | None = None) -> Workflow:
     """``waiting`` -> ``scheduled`` at once, its wait ended as if its time had come.
 
     The wait's step is recorded here, in the same transaction, so that the
@@ -247,7 +303,9 @@ def wake_now(run_id, *, actor: str | None = None) -> Workflow:
     as it would at its timeout. An event that comes later is kept but no
     longer served to that wait. Refuses, changing nothing, a run that is not
     waiting and a run waiting for an event without a timeout (send it the
-    event instead: :func:`everystep.send_event`).
+    event instead: :func:`everystep.send_event`). ``expected_mark``:
+    :func:`waits_mark` of the waits the operator was shown; nothing is
+    written if the run waits elsewhere now.
     """
     from .errors import WaitTimeout
     from .models import Wait
@@ -263,6 +321,8 @@ def wake_now(run_id, *, actor: str | None = None) -> Workflow:
             raise EverystepError(
                 f"run {run_id} is {status}: only a waiting run can be woken; nothing was changed"
             )
+        # The wait shown may have ended and the run waits at a later step now.
+        _check_mark(run_id, expected_mark, waits_mark(run_id), "the waits")
         pending = list(Wait.objects.filter(run_id=run_id))
         for wait in pending:
             if wait.kind == Wait.Kind.EVENT and wait.wake_at is None:

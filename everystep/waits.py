@@ -502,7 +502,8 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
 
     An event sent before the run waits for it is kept until it does.
     Refuses (:class:`~everystep.errors.EverystepError`) a malformed key, a
-    value that does not serialize and a run that does not exist.
+    value that does not serialize, a value the database refuses
+    (:class:`~everystep.serde.RefusedByDatabase`) and a run that does not exist.
     """
     from .models import Event, Workflow
     from .operations import parse_run_id
@@ -524,7 +525,14 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
             with database.atomic():  # a savepoint: a duplicate keeps the caller's transaction
                 Event.objects.create(run_id=run_id, key=key, value=value)
             stored = True
-        except IntegrityError:
+        except IntegrityError as exc:
+            # A duplicate only if the key's event is there: MariaDB's JSON check
+            # also refuses a value (nested past 32 levels), and that send stored
+            # nothing and must wake nothing.
+            if not Event.objects.filter(run_id=run_id, key=key).exists():
+                raise serde.RefusedByDatabase(
+                    f"event {key!r}: the database refused the value, nothing was stored: {exc}"
+                ) from None
             stored = False
         else:
             transaction.on_commit(lambda: observability.event_sent(workflow), using=database.alias())

@@ -27,7 +27,17 @@ from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
 from . import display, views
-from .forms import ForkForm, RequeueForm, ResolveForm, RunActionForm, SendEventForm, StepCutForm, StopForm
+from .forms import (
+    ForkForm,
+    RequeueForm,
+    ResolveForm,
+    RetryForm,
+    RunActionForm,
+    SendEventForm,
+    StepCutForm,
+    StopForm,
+    WakeForm,
+)
 
 Status = Workflow.Status
 BULK_REFUSALS_SHOWN = 5
@@ -38,7 +48,8 @@ WAIT_ACTIONS = ("wake", "send_event")  # their confirmation shows what the run w
 
 
 def _retry(request, run, seen, form) -> str:
-    discarded = operations.retry_run(run.pk, expected_status=seen)
+    mark = form.cleaned_data["seen_mark"] if form is not None else None  # bulk: the status only
+    discarded = operations.retry_run(run.pk, expected_status=seen, expected_mark=mark)
     return f"Retried: {seen} -> {Status.SCHEDULED}; {describe_discarded(discarded)}."
 
 
@@ -64,7 +75,8 @@ def _after_stop(request, model_admin, run, form) -> str:
 
 
 def _wake(request, run, seen, form) -> str:
-    operations.wake_now(run.pk, actor=request.user.get_username())
+    mark = form.cleaned_data["seen_mark"]
+    operations.wake_now(run.pk, actor=request.user.get_username(), expected_mark=mark)
     return f"Woken now: {seen} -> {Status.SCHEDULED}."
 
 
@@ -92,10 +104,11 @@ def _requeue(request, run, seen, form) -> str:
 
 
 def _resolve(request, run, seen, form) -> str:
-    # resolve_step checks the blocked status itself, under a lock on the run row.
+    # resolve_step checks the blocked status and the started rows shown itself,
+    # under a lock on the run row.
     step_id = form.cleaned_data["step_id"]
     resolution = form.resolve_kwargs()
-    operations.resolve_step(run.pk, step_id, **resolution)
+    operations.resolve_step(run.pk, step_id, expected_mark=form.cleaned_data["seen_mark"], **resolution)
     if "result" in resolution:
         how = f"recorded as done with the result {_clip(form.cleaned_data['result'].strip())}"
     elif "error" in resolution:
@@ -160,6 +173,8 @@ class RunAction:
     preview: Callable | None = None
     # (request, model_admin, run, form) -> the URL to go to once done (default: the run page).
     after: Callable | None = None
+    # The form's field of the value the action stores: the database's refusal of it is shown there.
+    value_field: str | None = None
 
     @property
     def per_step(self) -> bool:
@@ -169,12 +184,17 @@ class RunAction:
 ACTIONS = {
     action.name: action
     for action in [
-        RunAction("retry", "Retry", "retried", operations.RETRYABLE, _retry),
+        RunAction("retry", "Retry", "retried", operations.RETRYABLE, _retry, RetryForm),
         RunAction("stop", "Stop", "stopped", operations.STOPPABLE, _stop, StopForm, after=_after_stop),
-        RunAction("resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm),
+        RunAction(
+            "resolve", "Resolve", "resolved", (Status.BLOCKED,), _resolve, ResolveForm, value_field="result"
+        ),
         RunAction("requeue", "Requeue", "requeued", operations.REQUEUEABLE, _requeue, RequeueForm),
-        RunAction("wake", "Wake now", "woken", (Status.WAITING,), _wake),
-        RunAction("send_event", "Send event", "sent an event", (Status.WAITING,), _send_event, SendEventForm),
+        RunAction("wake", "Wake now", "woken", (Status.WAITING,), _wake, WakeForm),
+        RunAction(
+            "send_event", "Send event", "sent an event", (Status.WAITING,), _send_event, SendEventForm,
+            value_field="value",
+        ),
         RunAction(
             "rerun", "Re-run from here", "re-run from a step", history.RERUNNABLE, _rerun, StepCutForm,
             preview=history.rerun_preview,
@@ -265,13 +285,16 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
             except history.AlreadyForked as exc:  # the confirmation was posted twice: show the fork
                 model_admin.message_user(request, str(exc), messages.WARNING)
                 return _back_to(request, model_admin.page_url(request, "run", exc.fork_id))
+            except serde.RefusedByDatabase as exc:  # what was typed in: shown next to it, as form errors are
+                form.add_error(action.value_field, str(exc))
             except EverystepError as exc:
                 model_admin.message_user(request, str(exc), messages.WARNING)
+                return _back_to(request, run_url)
             else:
                 model_admin.message_user(request, f"Run {run.pk}: {change}", messages.SUCCESS)
                 if action.after is not None:
                     return _back_to(request, action.after(request, model_admin, run, form))
-            return _back_to(request, run_url)
+                return _back_to(request, run_url)
     url_args = (run.pk, step.pk) if step is not None else (run.pk,)
     context = {
         "action": action,
@@ -283,7 +306,7 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
         "refusal": _refused(action, run),
         "action_url": model_admin.page_url(request, f"run_{action.name}", *url_args),
         "action_form_template": model_admin.action_form_template,
-        "discarded": operations.retry_preview(run.pk) if action.name == "retry" else [],
+        "discarded": getattr(form, "discarded", []),  # Retry's rows, as its form carries them
         "waiting_for": views.waiting_for(request, model_admin, run) if action.name in WAIT_ACTIONS else [],
         **views.page_context(request, model_admin, run),
     }
@@ -362,6 +385,12 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
         if len(seen) > limit:
             model_admin.message_user(request, too_many, messages.ERROR)
             return None
+        # Retry's page also names each run's rows it listed, as its own confirmation does.
+        marks = {
+            views.parse_id(uuid.UUID, key[len("mark-") :]): value
+            for key, value in request.POST.items()
+            if key.startswith("mark-")
+        }
         # Each run the confirmation offered, by id: ``queryset`` holds only those
         # still matching the list's filters, and one that moved out of them
         # (a retried run on a status=failed list) must be reported, not dropped.
@@ -369,8 +398,12 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
         done, refusals, found = 0, [], set()
         for run in runs:
             found.add(run.pk)
+            form = None
+            if run.pk in marks:
+                form = action.form_class({"seen_status": seen[run.pk], "seen_mark": marks[run.pk]}, run=run)
+                form = form if form.is_valid() else None
             try:
-                _perform(request, model_admin, action, run, seen[run.pk])
+                _perform(request, model_admin, action, run, seen[run.pk], form)
                 done += 1
             except EverystepError as exc:
                 refusals.append(str(exc))
@@ -398,14 +431,15 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
     items = []
     for run in runs:
         actionable = run.status in action.allowed_from
-        preview = actionable and action.name == "retry"
+        discarded = operations.retry_preview(run.pk) if actionable and action.name == "retry" else None
         items.append(
             {
                 "run": run,
                 "short_id": display.short_id(run.pk),
                 "url": model_admin.page_url(request, "run", run.pk),
                 "actionable": actionable,
-                "discarded": operations.retry_preview(run.pk) if preview else [],
+                "discarded": discarded or [],
+                "mark": operations.mark_of(row.id for row in discarded) if discarded is not None else "",
             }
         )
     context = {

@@ -3,7 +3,7 @@
 import uuid6
 from django import forms
 
-from everystep import children, serde, waits
+from everystep import children, operations, serde
 from everystep.errors import EverystepError
 from everystep.models import Step, Wait, Workflow
 
@@ -13,7 +13,9 @@ def unstorable(value) -> str:
 
     Valid JSON can still hold what serde refuses (a NUL or a lone surrogate in
     its text: ``"\\u0000"``); encoding it here shows that next to the field,
-    not as a message after the operation refused it (or a 500 from the database).
+    not as a message after the operation refused it. What only the database
+    refuses (MariaDB's JSON check: nesting past 32 levels) the operation
+    reports as ``serde.RefusedByDatabase``, shown next to the field too.
     """
     try:
         serde.encode(value)
@@ -100,7 +102,9 @@ class RequeueForm(RunActionForm):
     """Requeue also carries the claimer seen: a run another worker claimed since
     is healthy, and requeueing it would fence that worker out."""
 
-    seen_claimer = forms.CharField(required=False, widget=forms.HiddenInput)
+    # Not stripped: a worker may be named "worker-1 ", and the guarded requeue
+    # matches the claimer exactly.
+    seen_claimer = forms.CharField(required=False, strip=False, widget=forms.HiddenInput)
 
     def seen(self, run) -> dict:
         return {**super().seen(run), "seen_claimer": run.claimed_by}
@@ -122,13 +126,45 @@ class RequeueForm(RunActionForm):
         return super().clean()
 
 
-class StepCutForm(RunActionForm):
+class SeenMarkForm(RunActionForm):
+    """Also carries ``seen_mark``, naming the rows the confirmation showed
+    (``mark``). The operation, passed it as ``expected_mark``, checks it again
+    under the run row's lock: rows changed meanwhile are left alone, also when
+    the run came back to the status seen (another operator acted)."""
+
+    seen_mark = forms.CharField(widget=forms.HiddenInput)
+
+    def mark(self, run) -> str:
+        raise NotImplementedError
+
+    def seen(self, run) -> dict:
+        return {**super().seen(run), "seen_mark": self.mark(run)}
+
+
+class RetryForm(SeenMarkForm):
+    """Retry carries the rows it lists as discarded (``discarded``)."""
+
+    def __init__(self, data=None, *, run: Workflow):
+        self.discarded = operations.retry_preview(run.pk)
+        super().__init__(data, run=run)
+
+    def mark(self, run) -> str:
+        return operations.mark_of(row.id for row in self.discarded)
+
+
+class WakeForm(SeenMarkForm):
+    """Wake now carries the waits it shows."""
+
+    def mark(self, run) -> str:
+        return operations.waits_mark(run.pk)
+
+
+class StepCutForm(SeenMarkForm):
     """Re-run from a step and Fork from a step also carry the step rows as
     shown (``seen_mark``: how many, and the last one's id), so that a history
     changed meanwhile is left alone. When the cut leaves out unsafe-to-repeat
     steps, a second confirmation names them and must be ticked."""
 
-    seen_mark = forms.CharField(widget=forms.HiddenInput)
     confirm_unsafe = forms.BooleanField(required=False)
 
     def __init__(self, data=None, *, run: Workflow, step: Step, cut=None):
@@ -146,8 +182,8 @@ class StepCutForm(RunActionForm):
         else:
             del self.fields["confirm_unsafe"]
 
-    def seen(self, run) -> dict:
-        return {**super().seen(run), "seen_mark": self.cut.mark if self.cut is not None else ""}
+    def mark(self, run) -> str:
+        return self.cut.mark if self.cut is not None else ""
 
     def moved_on(self) -> str:
         status_changed = super().moved_on()
@@ -188,8 +224,9 @@ class ForkForm(StepCutForm):
         return {**super().seen_cut(seen_status), "fork_id": self.cleaned_data["fork_id"]}
 
 
-class ResolveForm(RunActionForm):
-    """The three choices of ``everystep_resolve_step``, with the same validation."""
+class ResolveForm(SeenMarkForm):
+    """The three choices of ``everystep_resolve_step``, with the same
+    validation; it carries the started rows it offers."""
 
     RESOLUTIONS = [
         ("result", "The effect happened: record the step as done with this result"),
@@ -214,13 +251,15 @@ class ResolveForm(RunActionForm):
     )
 
     def __init__(self, data=None, *, run: Workflow):
+        self.started = list(operations.resolvable_steps(run.pk).values_list("id", "step_id", "name"))
         super().__init__(data, run=run)
-        started = Step.objects.filter(workflow_id=run.pk, status=Step.Status.STARTED).order_by("id")
-        started = started.exclude(name__in=waits.WAIT_STEP_NAMES)  # where a run waited: no effect
-        steps = list(started.values_list("step_id", "name"))
+        steps = [(step_id, name) for _, step_id, name in self.started]
         self.fields["step_id"].choices = [(step_id, f"{step_id} ({name})") for step_id, name in steps]
         if len(steps) == 1:
             self.fields["step_id"].initial = steps[0][0]
+
+    def mark(self, run) -> str:
+        return operations.mark_of(pk for pk, _, _ in self.started)
 
     def clean(self):
         data = super().clean()

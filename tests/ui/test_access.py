@@ -16,6 +16,7 @@ from everystep.models import Workflow
 from everystep_ui.admin import WorkflowAdmin
 
 from .conftest import HTMX, _user
+from .test_actions import seen_mark
 
 UNKNOWN = uuid.UUID("01900000-0000-7000-8000-000000000000")
 
@@ -197,6 +198,7 @@ def test_the_standalone_mount_works_with_nothing_registered_for_workflow(admin_c
         assert "/admin/everystep/" not in response.text, page
     confirm = admin_client.post("/everystep/", {"action": "retry_selected", "_selected_action": [run.pk]})
     assert confirm.status_code == 200 and "Retry selected runs" in confirm.text
-    retried = admin_client.post(f"/everystep/{run.pk}/run/retry/", {"seen_status": "failed"})
+    mark = seen_mark(admin_client, run, "retry", "/everystep/")
+    retried = admin_client.post(f"/everystep/{run.pk}/run/retry/", {"seen_status": "failed", **mark})
     assert retried.status_code == 302
     assert Workflow.objects.get(pk=run.pk).status == "scheduled"

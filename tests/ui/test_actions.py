@@ -1,5 +1,6 @@
 """The run page's actions: Retry, Stop, Resolve, Requeue, for every permission and status."""
 
+import html
 import re
 import uuid
 
@@ -12,7 +13,7 @@ from everystep import operations
 from everystep.errors import EverystepError
 from everystep.models import Step, Workflow
 
-from .conftest import CHARGE, FETCH, FLAKY, HTMX
+from .conftest import CHARGE, FETCH, FLAKY, HTMX, UNCERTAIN
 
 # (action, from, to): every transition the UI offers.
 TRANSITIONS = [
@@ -44,9 +45,19 @@ def run_page(run, mount="/admin/everystep/workflow/"):
     return f"{mount}{run.pk}/run/"
 
 
+def seen_mark(client, run, action, mount="/admin/everystep/workflow/") -> dict:
+    """The rows the action's confirmation shows now, as its form posts them back
+    (empty when it shows no form or carries no rows)."""
+    if action not in ("retry", "resolve", "wake"):
+        return {}
+    found = re.search(r'name="seen_mark" value="([^"]*)"', client.get(url(run, action, mount)).text)
+    return {"seen_mark": html.unescape(found.group(1))} if found else {}
+
+
 def post(client, run, action, seen=None, **extra):
     """Post the action's form as the confirmation page fills it in."""
-    data = {"seen_status": seen or run.status, **EXTRA.get(action, {}), **extra}
+    data = {"seen_status": seen or run.status, **EXTRA.get(action, {}), **seen_mark(client, run, action)}
+    data.update(extra)
     if action == "requeue":
         data.setdefault("seen_claimer", run.claimed_by or "")
     return client.post(url(run, action), data)
@@ -186,7 +197,8 @@ def test_a_post_without_csrf_token_is_refused(run_in, django_user_model):
     # The confirmation's own form carries the token.
     page = client.get(url(run, "retry")).text
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    response = client.post(url(run, "retry"), {"seen_status": "failed", "csrfmiddlewaretoken": token})
+    mark = seen_mark(client, run, "retry")
+    response = client.post(url(run, "retry"), {"seen_status": "failed", "csrfmiddlewaretoken": token, **mark})
     assert response.status_code == 302
     assert status_of(run) == "scheduled"
 
@@ -245,7 +257,8 @@ def test_htmx_gets_the_confirmation_as_a_partial_and_a_client_redirect(admin_cli
     assert partial.status_code == 200
     assert "<html" not in partial.text
     assert f'hx-post="{url(run, "retry")}" hx-target="#es-action-panel" hx-swap="innerHTML"' in partial.text
-    response = admin_client.post(url(run, "retry"), {"seen_status": "failed"}, **HTMX)
+    data = {"seen_status": "failed", **seen_mark(admin_client, run, "retry")}
+    response = admin_client.post(url(run, "retry"), data, **HTMX)
     assert response.status_code == 200
     assert response["HX-Redirect"] == run_page(run)
     assert status_of(run) == "scheduled"
@@ -295,6 +308,31 @@ def test_retrying_a_run_without_failed_step_discards_nothing(admin_client, run_i
     post(admin_client, run, "retry")
     assert Step.objects.filter(workflow=run).count() == 1
     assert history(run)[0].change_message == "Retried: stopped -> scheduled; no step row discarded."
+
+
+def test_retry_does_not_discard_rows_its_confirmation_did_not_show(admin_client, run_in):
+    """Retried by another operator and failed again meanwhile, with an
+    unsafe-to-repeat charge recorded alongside the failure: confirming what
+    was shown (one safe row) must not discard the charge."""
+    run = run_in(
+        "failed",
+        steps=[
+            {"step_id": "1", "name": FETCH, "status": "done"},
+            {"step_id": "2", "name": FLAKY, "status": "failed"},
+        ],
+    )
+    page = admin_client.get(url(run, "retry")).text
+    assert "1 step row will be discarded" in page and "es-unsafe" not in page
+    shown = seen_mark(admin_client, run, "retry")
+    Step.objects.filter(workflow=run, step_id="2").update(status="done")
+    Step.objects.create(workflow=run, step_id="3.0.1", name=FLAKY, status="failed")
+    Step.objects.create(workflow=run, step_id="3.1.1", name=CHARGE, status="done")
+    Workflow.objects.filter(pk=run.pk).update(status="failed")
+    response = post(admin_client, run, "retry", seen="failed", **shown)
+    assert Step.objects.filter(workflow=run, step_id="3.1.1").exists(), messages_of(response)
+    assert status_of(run) == "failed" and history(run) == []
+    [message] = messages_of(response)
+    assert "moved on: the step rows to discard changed since they were shown; nothing was changed" in message
 
 
 # Stop and requeue
@@ -353,11 +391,22 @@ def test_requeue_is_guarded_on_the_claimer_seen(run_in):
     assert status_of(run) == "scheduled"
 
 
+def test_requeue_a_run_whose_claimer_name_ends_with_a_space(admin_client, run_in):
+    """A worker may be named with a trailing space; the name seen is posted back as it is."""
+    run = run_in("running", claimed_by="worker-1 ")
+    page = admin_client.get(url(run, "requeue")).text
+    assert 'name="seen_claimer" value="worker-1 "' in page  # as the confirmation posts it
+    response = post(admin_client, run, "requeue", seen_claimer="worker-1 ")
+    assert status_of(run) == "scheduled", messages_of(response)
+    assert len(history(run)) == 1
+
+
 # Resolve
 
 
-def resolve(client, run, **data):
-    return client.post(url(run, "resolve"), {"seen_status": "blocked", "step_id": "1", **data})
+def resolve(client, run, headers=None, **data):
+    data = {"seen_status": "blocked", "step_id": "1", **seen_mark(client, run, "resolve"), **data}
+    return client.post(url(run, "resolve"), data, **(headers or {}))
 
 
 def started_step(run):
@@ -420,9 +469,7 @@ def test_resolve_by_discarding_deletes_the_started_row(admin_client, run_in):
 def test_resolve_shows_bad_input_inline_and_changes_nothing(admin_client, run_in, data, field, error):
     run = run_in("blocked")
     for extra in ({}, HTMX):
-        response = admin_client.post(
-            url(run, "resolve"), {"seen_status": "blocked", "step_id": "1", **data}, **extra
-        )
+        response = resolve(admin_client, run, extra, **data)
         assert response.status_code == 200
         row = response.text.split(f'es-field-{field}"')[1].split("es-form-row")[0]
         assert error in row
@@ -461,6 +508,42 @@ def test_resolve_accepts_everysteps_tagged_json(admin_client, run_in):
     assert started_step(run).status == "done"
 
 
+def test_a_resolution_of_an_attempt_another_operator_resolved_is_not_applied_to_the_next(
+    admin_client, run_in
+):
+    """Another operator discarded the started row shown, the step ran again and
+    blocked again at the same step id: what was found out about the first
+    attempt is not recorded on the new one."""
+    run = run_in("blocked")
+    shown = seen_mark(admin_client, run, "resolve")  # started step 1, this attempt
+    operations.resolve_step(run.pk, "1", discard=True)
+    Step.objects.create(workflow=run, step_id="1", name=CHARGE, status="started")
+    Workflow.objects.filter(pk=run.pk).update(status="blocked", error=UNCERTAIN)
+    response = resolve(admin_client, run, resolution="result", result='{"charged": 1999}', **shown)
+    assert Step.objects.get(workflow=run, step_id="1").status == "started", messages_of(response)
+    assert Workflow.objects.get(pk=run.pk).status == "blocked"
+    assert "moved on: its started steps changed since they were shown" in messages_of(response)[0]
+
+
+DEEP = "[" * 40 + "1" + "]" * 40  # valid JSON, deeper than MariaDB's JSON check takes (32 levels)
+
+
+def test_resolve_with_a_deeply_nested_result_is_stored_or_a_form_error_not_a_500(admin_client, run_in):
+    """SQLite and PostgreSQL store it; MariaDB refuses it: next to the field, nothing changed."""
+    run = run_in("blocked")
+    admin_client.raise_request_exception = False
+    response = resolve(admin_client, run, resolution="result", result=DEEP)
+    assert response.status_code != 500
+    step = Step.objects.get(workflow=run, step_id="1")
+    if step.status == "done":  # stored: the backend took it
+        assert status_of(run) == "scheduled"
+    else:  # refused: next to the field, nothing changed
+        assert response.status_code == 200 and "es-field-result" in response.text
+        row = response.text.split('es-field-result"')[1].split("es-form-row")[0]
+        assert "the database refused the result" in row
+        assert status_of(run) == "blocked" and history(run) == []
+
+
 # History
 
 
@@ -496,7 +579,9 @@ def test_the_standalone_mount_serves_the_same_actions(admin_client, viewer_clien
     assert viewer_client.post(url(run, "retry", mount), {"seen_status": "failed"}).status_code == 403
     page = admin_client.get(url(run, "retry", mount)).text
     assert f'action="{url(run, "retry", mount)}"' in page
-    response = admin_client.post(url(run, "retry", mount), {"seen_status": "failed"})
+    response = admin_client.post(
+        url(run, "retry", mount), {"seen_status": "failed", **seen_mark(admin_client, run, "retry", mount)}
+    )
     assert response["Location"] == run_page(run, mount)
     assert status_of(run) == "scheduled"
     assert f'href="{url(run, "stop", mount)}"' in admin_client.get(run_page(run, mount)).text

@@ -100,6 +100,29 @@ def test_runs_that_moved_on_after_the_confirmation_are_left_alone(admin_client, 
     ]
 
 
+def test_bulk_retry_does_not_discard_rows_its_confirmation_did_not_show(admin_client, run_in):
+    """Retried by another operator and failed again meanwhile, with an
+    unsafe-to-repeat charge recorded: the rows listed were others."""
+    run = run_in(
+        "failed",
+        steps=[
+            {"step_id": "1", "name": FETCH, "status": "done"},
+            {"step_id": "2", "name": FLAKY, "status": "failed"},
+        ],
+    )
+    page = choose(admin_client, "retry_selected", [run])
+    assert "es-unsafe" not in page.text
+    Step.objects.filter(workflow=run, step_id="2").update(status="done")
+    Step.objects.create(workflow=run, step_id="3.0.1", name=FLAKY, status="failed")
+    Step.objects.create(workflow=run, step_id="3.1.1", name=CHARGE, status="done")
+    response = confirm(admin_client, page)
+    assert Step.objects.filter(workflow=run, step_id="3.1.1").exists()
+    assert statuses(run) == ["failed"] and logged(run) == []
+    assert messages_of(response) == [
+        f"run {run.pk} moved on: the step rows to discard changed since they were shown; nothing was changed"
+    ]
+
+
 def test_a_run_that_left_a_filtered_list_after_the_confirmation_is_reported(admin_client, run_in):
     # Django hands the action only the selected runs still matching the list's filters.
     first, second, third = run_in("failed"), run_in("failed"), run_in("failed")

@@ -13,7 +13,7 @@ from django.utils import timezone
 from everystep import waits
 from everystep.models import ChildRun, Event, Step, Wait, Workflow
 
-from .test_actions import history, messages_of, run_page, url
+from .test_actions import history, messages_of, run_page, seen_mark, url
 
 pytestmark = pytest.mark.django_db
 
@@ -196,11 +196,28 @@ def test_send_event_needs_its_permission(operator_client, waiting_run):
     assert entry.user.username == "operator-send_event_workflow"
 
 
+def test_send_event_with_a_deeply_nested_value_is_stored_or_refused_truthfully(admin_client, waiting_run):
+    """SQLite and PostgreSQL store it; MariaDB refuses it (JSON nested past 32 levels)."""
+    run = waiting_run("event")
+    response = send(admin_client, run, value="[" * 40 + "1" + "]" * 40)
+    stored = Event.objects.filter(run_id=run.pk, key="orders.approved").exists()
+    if stored:
+        assert status_of(run) == "scheduled"
+    else:
+        # Never sent before: the message must not claim it was, and a run
+        # must not be woken for an event that was not stored.
+        assert not any("was sent before" in message for message in messages_of(response))
+        assert status_of(run) == "waiting"
+        row = response.text.split('es-field-value"')[1].split("es-form-row")[0]
+        assert "the database refused the value, nothing was stored" in row
+        assert history(run) == []
+
+
 # Wake now
 
 
-def wake(client, run, seen="waiting"):
-    return client.post(url(run, "wake"), {"seen_status": seen})
+def wake(client, run, seen="waiting", **mark):
+    return client.post(url(run, "wake"), {"seen_status": seen, **(mark or seen_mark(client, run, "wake"))})
 
 
 def test_wake_now_ends_a_sleep_and_logs_it(admin_client, waiting_run):
@@ -243,6 +260,26 @@ def test_wake_now_of_a_run_that_moved_on_changes_nothing(admin_client, waiting_r
     assert status_of(run) == "stopped"
     assert history(run) == []
     assert "moved on: it is stopped now, not waiting; nothing was changed" in messages_of(response)[0]
+
+
+def test_wake_now_does_not_end_a_wait_the_confirmation_did_not_show(admin_client, waiting_run):
+    """The sleep shown ended meanwhile and the run waits at step 3 for an
+    event with a timeout: confirming must not time out that wait."""
+    run = waiting_run("time")  # sleeping at step 2
+    page = " ".join(admin_client.get(url(run, "wake")).text.split())
+    assert "Waits for the time" in page
+    shown = seen_mark(admin_client, run, "wake")
+    Wait.objects.filter(run=run).delete()
+    Step.objects.filter(workflow=run, step_id="2").update(status="done")
+    params = {"kind": "event", "key": "orders.approved", "wake_at": LATER.isoformat()}
+    Step.objects.create(workflow=run, step_id="3", name=waits.WAIT_FOR_EVENT, status="started", kwargs=params)
+    Wait.objects.create(run=run, step_id="3", kind="event", key="orders.approved", wake_at=LATER)
+    Workflow.objects.filter(pk=run.pk).update(status="waiting")
+    response = wake(admin_client, run, **shown)
+    assert Step.objects.get(workflow=run, step_id="3").status == "started", messages_of(response)
+    assert Workflow.objects.get(pk=run.pk).status == "waiting" and history(run) == []
+    [message] = messages_of(response)
+    assert "moved on: the waits changed since they were shown; nothing was changed" in message
 
 
 def test_wake_now_needs_its_permission(operator_client, waiting_run):
