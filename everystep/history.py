@@ -40,7 +40,7 @@ import uuid6
 from . import database, registry, waits
 from .errors import EverystepError
 from .models import RunFork, Step, Workflow
-from .operations import _allowed_from, _refusal, parse_run_id
+from .operations import _allowed_from, _check_mark, _refusal, mark_of, parse_run_id
 from .scheduling import notify_scheduled
 from .statements import uuid_param
 
@@ -160,7 +160,7 @@ def rerun_from_step(
         if status not in statuses:
             raise _refusal(run_id, expected_status, RERUNNABLE, "re-run from a step")
         cut = _cut(run_id, status, step_id)
-        _check_seen(cut, expected_mark)
+        _check_mark(run_id, expected_mark, cut.mark, "its recorded steps")
         _check_unsafe(cut, confirm_unsafe, "re-running")
         for ids in _batches([row.id for row in cut.discarded]):
             Step.objects.filter(workflow_id=run_id, id__in=ids).delete()
@@ -221,7 +221,7 @@ def fork_from_step(
         if origin is None or origin.status not in statuses:
             raise _refusal(run_id, expected_status, FORKABLE, "forked")
         cut = _cut(run_id, origin.status, step_id, fork=True)
-        _check_seen(cut, expected_mark)
+        _check_mark(run_id, expected_mark, cut.mark, "its recorded steps")
         _check_unsafe(cut, confirm_unsafe, "forking")
         fork = Workflow.objects.create(id=fork_id, name=origin.name, args=origin.args)
         _copy_rows(run_id, fork.id, cut)
@@ -241,7 +241,7 @@ def _cut(run_id, status: str, step_id: str, *, fork: bool = False) -> Cut:
         .order_by("id")
         .values_list("id", "step_id", "name", "status")
     )
-    mark = f"{len(rows)}:{rows[-1][0] if rows else 0}"
+    mark = mark_of(row[0] for row in rows)
     chosen = next((row for row in rows if row[1] == step_id), None)
     if chosen is None:
         raise EverystepError(
@@ -326,14 +326,6 @@ def _some_ids(rows, limit: int = 10) -> str:
     if not ids:
         return "none"
     return ", ".join(ids) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
-
-
-def _check_seen(cut: Cut, expected_mark: str | None) -> None:
-    if expected_mark is not None and expected_mark != cut.mark:
-        raise EverystepError(
-            f"run {cut.run_id} moved on: its recorded steps changed since they were shown "
-            "(re-run, retried or resolved meanwhile?); nothing was changed"
-        )
 
 
 def _check_unsafe(cut: Cut, confirmed: bool, doing: str) -> None:

@@ -5,6 +5,7 @@ from django.db import IntegrityError
 
 from . import database
 from .errors import EverystepError
+from .serde import RefusedByDatabase
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 
@@ -75,10 +76,10 @@ def _winner(model, name: str, idempotency_key: str):
     return next(iter(model.objects.raw(query, [name, idempotency_key])), None)
 
 
-def _refused(name: str, exc: IntegrityError) -> EverystepError:
+def _refused(name: str, exc: IntegrityError) -> RefusedByDatabase:
     """The insert failed on a value, not on the key: MariaDB's JSON check
     refuses arguments nested past 32 levels, which the other backends store."""
-    return EverystepError(f"schedule: the database refused the run of {name}, nothing was written: {exc}")
+    return RefusedByDatabase(f"schedule: the database refused the run of {name}, nothing was written: {exc}")
 
 
 def notify_scheduled() -> None:
