@@ -22,6 +22,15 @@ class WorkflowImportError(EverystepError):
         self.failures = list(failures)
 
 
+class RefusedByDatabase(EverystepError):
+    """The database refused to store a value that encoded (MariaDB's JSON
+    check refuses nesting past 32 levels, which the other backends store);
+    nothing was written. Raised by ``schedule()``, into the body for a step's
+    record, and by the operations that store an operator's value. Its own
+    class: the UI shows it next to the value's field, where an operator typed
+    it, not as a run that moved on."""
+
+
 class StepFailure(EverystepError):
     """A recorded step failure whose original exception cannot be rebuilt,
     or a failure an operator recorded when resolving a blocked run."""

@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from . import children, cron, database, registry, serde, statements, waits
-from .errors import EverystepError, StepFailure, Terminal
+from .errors import EverystepError, RefusedByDatabase, StepFailure, Terminal
 from .models import ChildRun, Heartbeat, Step, Wait, Workflow
 from .scheduling import notify_control, notify_scheduled
 from .serde import encode_exception
@@ -103,8 +103,8 @@ def resolve_step(
     ``discard`` (delete the row, so the step runs on the next claim).
     Refuses with ``EverystepError`` and changes nothing when the run is not
     blocked, the step is not its ``started`` step, or its started rows are
-    not ``expected_mark`` (:func:`mark_of` the rows the operator was shown);
-    with :class:`~everystep.serde.RefusedByDatabase` when the database
+    not ``expected_mark`` (``mark_of()`` of the rows the operator was shown);
+    with :class:`~everystep.errors.RefusedByDatabase` when the database
     refuses the result.
     """
     chosen = [result is not _MISSING, error is not None, discard]
@@ -147,7 +147,7 @@ def resolve_step(
             try:
                 Step.objects.filter(pk=step.pk).update(status=Step.Status.DONE, result=result)
             except IntegrityError as exc:  # MariaDB's JSON check: nesting past 32 levels
-                raise serde.RefusedByDatabase(
+                raise RefusedByDatabase(
                     f"the database refused the result of step {step_id!r}, nothing was changed: {exc}"
                 ) from None
         Workflow.objects.filter(id=run_id, status=Status.BLOCKED).update(
@@ -222,7 +222,7 @@ def retry_run(
     """``failed``/``stopped`` -> ``scheduled``, discarding the step rows from the
     first ``failed`` one onward (so the failed step runs again) and clearing the
     run's end. One transaction on the locked run row; returns what was discarded.
-    ``expected_mark``: :func:`mark_of` the rows :func:`retry_preview` showed;
+    ``expected_mark``: ``mark_of()`` of the rows :func:`retry_preview` showed;
     nothing is written if the rows to discard are others now."""
     run_id = parse_run_id(run_id)
     statuses = _allowed_from(run_id, expected_status, RETRYABLE, "retried")
@@ -304,7 +304,7 @@ def wake_now(run_id, *, actor: str | None = None, expected_mark: str | None = No
     longer served to that wait. Refuses, changing nothing, a run that is not
     waiting and a run waiting for an event without a timeout (send it the
     event instead: :func:`everystep.send_event`). ``expected_mark``:
-    :func:`waits_mark` of the waits the operator was shown; nothing is
+    ``waits_mark()`` of the waits the operator was shown; nothing is
     written if the run waits elsewhere now.
     """
     from .errors import WaitTimeout

@@ -29,6 +29,7 @@ from .errors import (
     EffectUncertain,
     EverystepError,
     Fenced,
+    RefusedByDatabase,
     SimulatedCrash,
     Suspended,
     Terminal,
@@ -407,7 +408,7 @@ def _record(row: _StepRow, status: str, *, result=None, stored_result=None, erro
     state.store[row.step_id] = Outcome(status, row.spec.name, result, error)
 
 
-def _refused(row: _StepRow, exc: IntegrityError, consequence: str) -> serde.RefusedByDatabase | None:
+def _refused(row: _StepRow, exc: IntegrityError, consequence: str) -> RefusedByDatabase | None:
     """None when the step's insert lost on its unique key: another pass wrote
     the row. Otherwise the database refused a value in it (MariaDB's JSON
     check refuses nesting past 32 levels), and taking that for a lost race
@@ -416,7 +417,7 @@ def _refused(row: _StepRow, exc: IntegrityError, consequence: str) -> serde.Refu
 
     if Step.objects.filter(workflow_id=row.state.workflow_id, step_id=row.step_id).exists():
         return None
-    return serde.RefusedByDatabase(
+    return RefusedByDatabase(
         f"run {row.state.workflow_id}, step {row.step_id} ({row.spec.name}): the database refused "
         f"its record, {consequence}: {exc}"
     )

@@ -4,8 +4,7 @@ transaction on everystep's database (``everystep.database``)."""
 from django.db import IntegrityError
 
 from . import database
-from .errors import EverystepError
-from .serde import RefusedByDatabase
+from .errors import EverystepError, RefusedByDatabase
 
 NOTIFY_CHANNEL = "everystep_scheduled"
 

@@ -49,15 +49,6 @@ class _Refused(EverystepError):
         self.where: list[str] = []
 
 
-class RefusedByDatabase(EverystepError):
-    """The database refused to store a value that encoded (MariaDB's JSON
-    check refuses nesting past 32 levels, which the other backends store);
-    nothing was written. Raised by ``schedule()``, into the body for a step's
-    record, and by the operations that store an operator's value. Its own
-    class: the UI shows it next to the value's field, where an operator typed
-    it, not as a run that moved on."""
-
-
 # Stored as they are, besides str and int (checked first); by exact type, so
 # that an IntEnum or a str subclass still goes through _encode.
 _PLAIN = frozenset({bool, type(None)})

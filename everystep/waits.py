@@ -58,7 +58,7 @@ from django.utils import timezone
 
 from . import database, observability, runner, serde, statements
 from .context import Outcome, current
-from .errors import EverystepError, Fenced, Suspended, WaitTimeout
+from .errors import EverystepError, Fenced, RefusedByDatabase, Suspended, WaitTimeout
 from .statuses import RunStatus as Status
 from .statuses import StepStatus
 
@@ -503,7 +503,7 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
     An event sent before the run waits for it is kept until it does.
     Refuses (:class:`~everystep.errors.EverystepError`) a malformed key, a
     value that does not serialize, a value the database refuses
-    (:class:`~everystep.serde.RefusedByDatabase`) and a run that does not exist.
+    (:class:`~everystep.errors.RefusedByDatabase`) and a run that does not exist.
     """
     from .models import Event, Workflow
     from .operations import parse_run_id
@@ -530,7 +530,7 @@ def send_event(run_id, key: str, value: Any = None) -> bool:
             # also refuses a value (nested past 32 levels), and that send stored
             # nothing and must wake nothing.
             if not Event.objects.filter(run_id=run_id, key=key).exists():
-                raise serde.RefusedByDatabase(
+                raise RefusedByDatabase(
                     f"event {key!r}: the database refused the value, nothing was stored: {exc}"
                 ) from None
             stored = False

@@ -23,7 +23,7 @@ from django.template.response import TemplateResponse
 from django_htmx.http import HttpResponseClientRedirect
 
 from everystep import children, database, history, operations, serde, waits
-from everystep.errors import EverystepError
+from everystep.errors import EverystepError, RefusedByDatabase
 from everystep.models import Step, Workflow
 
 from . import display, views
@@ -285,7 +285,7 @@ def run_action(request, run_id, *, model_admin, action_name, step_pk=None):
             except history.AlreadyForked as exc:  # the confirmation was posted twice: show the fork
                 model_admin.message_user(request, str(exc), messages.WARNING)
                 return _back_to(request, model_admin.page_url(request, "run", exc.fork_id))
-            except serde.RefusedByDatabase as exc:  # what was typed in: shown next to it, as form errors are
+            except RefusedByDatabase as exc:  # what was typed in: shown next to it, as form errors are
                 form.add_error(action.value_field, str(exc))
             except EverystepError as exc:
                 model_admin.message_user(request, str(exc), messages.WARNING)

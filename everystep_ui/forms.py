@@ -15,7 +15,7 @@ def unstorable(value) -> str:
     its text: ``"\\u0000"``); encoding it here shows that next to the field,
     not as a message after the operation refused it. What only the database
     refuses (MariaDB's JSON check: nesting past 32 levels) the operation
-    reports as ``serde.RefusedByDatabase``, shown next to the field too.
+    reports as ``errors.RefusedByDatabase``, shown next to the field too.
     """
     try:
         serde.encode(value)
