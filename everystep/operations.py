@@ -72,10 +72,19 @@ def mark_of(ids) -> str:
 
 
 def waits_mark(run_id) -> str:
-    """Names what a run waits for (its waits' step ids), to pass back to
-    :func:`wake_now` as ``expected_mark``."""
-    step_ids = Wait.objects.filter(run_id=run_id).values_list("step_id", flat=True)
-    return " ".join(sorted(step_ids)) or "none"
+    """Names the waits an operator was shown, to pass back to :func:`wake_now`
+    as ``expected_mark``: their rows, by id, as :func:`mark_of` names step
+    rows. Not by step id: a run re-run from a wait waits again at the same
+    step id, in a new row."""
+    return mark_of(Wait.objects.filter(run_id=run_id).order_by("id").values_list("id", flat=True))
+
+
+def retry_mark(discarded, completed_at) -> str:
+    """Names what a Retry confirmation showed, to pass back to :func:`retry_run`
+    as ``expected_mark``: the rows to discard (:func:`retry_preview`) and the
+    run's end. A run retried and ended again meanwhile has another end, also
+    when it has no row to discard (a stopped run)."""
+    return f"{mark_of(row.id for row in discarded)} {completed_at.isoformat() if completed_at else '-'}"
 
 
 def _check_mark(run_id, expected_mark: str | None, mark: str, what: str) -> None:
@@ -222,22 +231,24 @@ def retry_run(
     """``failed``/``stopped`` -> ``scheduled``, discarding the step rows from the
     first ``failed`` one onward (so the failed step runs again) and clearing the
     run's end. One transaction on the locked run row; returns what was discarded.
-    ``expected_mark``: ``mark_of()`` of the rows :func:`retry_preview` showed;
-    nothing is written if the rows to discard are others now."""
+    ``expected_mark``: ``retry_mark()`` of what the operator was shown;
+    nothing is written if the rows to discard or the run's end are others now."""
     run_id = parse_run_id(run_id)
     statuses = _allowed_from(run_id, expected_status, RETRYABLE, "retried")
     with database.atomic():
-        status = (
+        status, completed_at = (
             Workflow.objects.select_for_update()
             .filter(id=run_id)
-            .values_list("status", flat=True)
+            .values_list("status", "completed_at")
             .first()
-        )
+        ) or (None, None)
         if status not in statuses:
             raise _refusal(run_id, expected_status, RETRYABLE, "retried")
         discarded = _discardable(run_id)
-        # Retried and failed again meanwhile, it may discard rows (unsafe ones) never shown.
-        _check_mark(run_id, expected_mark, mark_of(row.id for row in discarded), "the step rows to discard")
+        # Retried and ended again meanwhile, it may discard rows (unsafe ones)
+        # never shown, or restart a run another operator stopped on purpose.
+        mark = retry_mark(discarded, completed_at)
+        _check_mark(run_id, expected_mark, mark, "the step rows to discard or the run's end")
         Step.objects.filter(id__in=[row.id for row in discarded]).delete()
         Workflow.objects.filter(id=run_id, status=status).update(
             status=Status.SCHEDULED, error=None, result=None, completed_at=None, claimed_by=None

@@ -439,7 +439,7 @@ def bulk_action(model_admin, request, queryset, action: RunAction):
                 "url": model_admin.page_url(request, "run", run.pk),
                 "actionable": actionable,
                 "discarded": discarded or [],
-                "mark": operations.mark_of(row.id for row in discarded) if discarded is not None else "",
+                "mark": operations.retry_mark(discarded, run.completed_at) if discarded is not None else "",
             }
         )
     context = {

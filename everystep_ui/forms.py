@@ -132,10 +132,20 @@ class SeenMarkForm(RunActionForm):
     under the run row's lock: rows changed meanwhile are left alone, also when
     the run came back to the status seen (another operator acted)."""
 
-    seen_mark = forms.CharField(widget=forms.HiddenInput)
+    # Not stripped: a mark is compared exactly.
+    seen_mark = forms.CharField(required=False, strip=False, widget=forms.HiddenInput)
 
     def mark(self, run) -> str:
         raise NotImplementedError
+
+    def clean(self):
+        # Missing (a page from before marks, a hand-made post): it would act unchecked.
+        if not self.data.get("seen_mark"):
+            raise forms.ValidationError(
+                "The form does not say which rows you were shown; nothing was changed. "
+                "Reload the page and confirm again."
+            )
+        return super().clean()
 
     def seen(self, run) -> dict:
         return {**super().seen(run), "seen_mark": self.mark(run)}
@@ -149,7 +159,7 @@ class RetryForm(SeenMarkForm):
         super().__init__(data, run=run)
 
     def mark(self, run) -> str:
-        return operations.mark_of(row.id for row in self.discarded)
+        return operations.retry_mark(self.discarded, run.completed_at)
 
 
 class WakeForm(SeenMarkForm):

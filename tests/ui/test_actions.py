@@ -332,7 +332,7 @@ def test_retry_does_not_discard_rows_its_confirmation_did_not_show(admin_client,
     assert Step.objects.filter(workflow=run, step_id="3.1.1").exists(), messages_of(response)
     assert status_of(run) == "failed" and history(run) == []
     [message] = messages_of(response)
-    assert "moved on: the step rows to discard changed since they were shown; nothing was changed" in message
+    assert "moved on: the step rows to discard or the run's end changed since they were shown" in message
 
 
 # Stop and requeue
@@ -585,3 +585,34 @@ def test_the_standalone_mount_serves_the_same_actions(admin_client, viewer_clien
     assert response["Location"] == run_page(run, mount)
     assert status_of(run) == "scheduled"
     assert f'href="{url(run, "stop", mount)}"' in admin_client.get(run_page(run, mount)).text
+
+
+def _retried_and_stopped_again_by_others(run):
+    """Another operator retries the run; it runs on (a charge recorded); a
+    third operator stops it again: it is back to the status first shown."""
+    operations.retry_run(run.pk, expected_status="stopped")
+    Step.objects.create(workflow=run, step_id="2", name=CHARGE, status="done")
+    operations.stop_run(run.pk, actor="carol", expected_status="scheduled")
+    assert status_of(run) == "stopped"
+
+
+def test_retry_of_a_run_stopped_again_by_another_operator_meanwhile_is_refused(admin_client, run_in):
+    # No row to discard before or after: the run's end tells the two stops apart.
+    run = run_in("stopped", steps=[{"step_id": "1", "name": FETCH, "status": "done"}])
+    shown = seen_mark(admin_client, run, "retry")
+    _retried_and_stopped_again_by_others(run)
+    response = admin_client.post(url(run, "retry"), {"seen_status": "stopped", **shown})
+    assert status_of(run) == "stopped", messages_of(response)
+    assert history(run) == []
+    assert "moved on" in messages_of(response)[0]
+
+
+def test_a_confirmation_posted_without_its_mark_writes_nothing_and_says_to_reload(admin_client, run_in):
+    # A tab opened before confirmations carried their rows: not applied unchecked,
+    # and not a bare "This field is required." on a hidden field, again at each confirm.
+    run = run_in("failed")
+    response = admin_client.post(url(run, "retry"), {"seen_status": "failed"})
+    assert response.status_code == 200
+    assert status_of(run) == "failed" and history(run) == []
+    assert "Reload the page and confirm again" in html.unescape(response.text)
+

@@ -119,7 +119,8 @@ def test_bulk_retry_does_not_discard_rows_its_confirmation_did_not_show(admin_cl
     assert Step.objects.filter(workflow=run, step_id="3.1.1").exists()
     assert statuses(run) == ["failed"] and logged(run) == []
     assert messages_of(response) == [
-        f"run {run.pk} moved on: the step rows to discard changed since they were shown; nothing was changed"
+        f"run {run.pk} moved on: the step rows to discard or the run's end changed since they were "
+        "shown; nothing was changed"
     ]
 
 
@@ -212,3 +213,17 @@ def test_bulk_actions_work_on_the_standalone_mount(admin_client, run_in):
     fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
     assert admin_client.post("/everystep/", fields).status_code == 302
     assert statuses(run) == ["stopped"]
+
+
+def test_bulk_retry_of_a_run_stopped_again_by_another_operator_meanwhile_is_refused(admin_client, run_in):
+    from everystep import operations
+
+    run = run_in("stopped", steps=[{"step_id": "1", "name": FETCH, "status": "done"}])
+    page = choose(admin_client, "retry_selected", [run])
+    operations.retry_run(run.pk, expected_status="stopped")  # another operator; it runs on
+    Step.objects.create(workflow=run, step_id="2", name=CHARGE, status="done")
+    operations.stop_run(run.pk, actor="carol", expected_status="scheduled")  # a third stops it
+    response = confirm(admin_client, page)
+    assert Workflow.objects.get(pk=run.pk).status == "stopped"
+    assert any("moved on" in str(message) for message in get_messages(response.wsgi_request))
+

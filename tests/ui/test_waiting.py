@@ -282,6 +282,41 @@ def test_wake_now_does_not_end_a_wait_the_confirmation_did_not_show(admin_client
     assert "moved on: the waits changed since they were shown; nothing was changed" in message
 
 
+def test_wake_now_does_not_end_a_new_wait_at_the_same_step_after_a_re_run(admin_client, waiting_run):
+    """ABA: the confirmation showed the sleep at step 2. Meanwhile another
+    operator stopped the run and re-ran it from step 2, and it sleeps at step 2
+    again, until another time: a wait the confirmation never showed."""
+    from everystep import history as runs_history
+    from everystep import operations
+
+    run = waiting_run("time")
+    shown = seen_mark(admin_client, run, "wake")
+    operations.stop_run(run.pk)
+    runs_history.rerun_from_step(run.pk, "2", expected_status="stopped")
+    again = LATER + dt.timedelta(days=1)  # the worker replays it to step 2: a new row and wait
+    params = {"kind": "time", "key": None, "wake_at": again.isoformat()}
+    Step.objects.create(workflow=run, step_id="2", name=waits.SLEEP, status="started", kwargs=params)
+    Wait.objects.create(run=run, step_id="2", kind="time", wake_at=again)
+    Workflow.objects.filter(pk=run.pk).update(status="waiting")
+    response = wake(admin_client, run, **shown)
+    assert status_of(run) == "waiting", messages_of(response)
+    assert Step.objects.get(workflow=run, step_id="2").status == "started"
+    assert "moved on" in messages_of(response)[0]
+
+
+@pytest.mark.parametrize("everystep_id", ["cooldown ", " cooldown", " "])
+def test_wake_now_of_a_wait_whose_step_id_has_edge_spaces(admin_client, make_run, everystep_id):
+    # sleep(60, everystep_id="cooldown ") is a step id of its own: its wait was
+    # refused as moved on at every confirm (the mark named it, stripped).
+    run = make_run(status="waiting", steps=[{"step_id": "1", "status": "done"}])
+    params = {"kind": "time", "key": None, "wake_at": LATER.isoformat()}
+    Step.objects.create(workflow=run, step_id=everystep_id, name=waits.SLEEP, status="started", kwargs=params)
+    Wait.objects.create(run=run, step_id=everystep_id, kind="time", wake_at=LATER)
+    response = wake(admin_client, run, **seen_mark(admin_client, run, "wake"))
+    assert status_of(run) == "scheduled", messages_of(response)
+    assert Step.objects.get(workflow=run, step_id=everystep_id).status == "done"
+
+
 def test_wake_now_needs_its_permission(operator_client, waiting_run):
     run = waiting_run("time")
     for client in (operator_client(), operator_client("send_event_workflow", "stop_workflow")):
