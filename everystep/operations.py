@@ -449,7 +449,8 @@ def prune(
     newest ``cron:`` run is kept (see ``_newest_slot_runs``), and a child
     while its parent is (see ``_unlinked``).
     Returns how many runs were deleted (or would be, with ``dry_run``: a
-    child counted when its parent would be deleted, not further up).
+    child counted when its parent is, looking one generation up only, so a
+    grandchild of a kept run is counted though it is kept).
     """
     statuses = _prunable(statuses)
     if not 1 <= batch <= MAX_PRUNE_BATCH:
@@ -486,6 +487,7 @@ def prune(
             names = {name for _, name, key in rows if key and key.startswith(cron.KEY_PREFIX)}
             kept = _newest_slot_runs(names - newest.keys(), newest)
             ids = [run_id for run_id, _, _ in rows if run_id not in kept]
+            ids += _old_descendants(old, ids, batch - len(ids), BATCH)
             # A batch may hold more ids than a statement takes parameters.
             for start in range(0, len(ids), BATCH):
                 chunk = ids[start : start + BATCH]
@@ -498,9 +500,29 @@ def _unlinked():
     """Runs no living run started with ``start_child``: a child is kept while
     its parent is, as re-running the parent from before its ``start_child``
     finds that child again by its key (a new one would repeat its effects).
-    Deleting the parent deletes the link, so a later batch of the same prune
-    takes the child: never before its parent, no query per run."""
+    Its old descendants go in its batch (``_old_descendants``): never before
+    it, no query per run."""
     return ~Exists(ChildRun.objects.filter(child_id=OuterRef("id")))
+
+
+def _old_descendants(old, parents: list, room: int, chunk: int) -> list:
+    """The runs of ``old`` that ``parents`` started with ``start_child``, then
+    theirs, locked, at most ``room``: deleted in their parents' batch, so that
+    a chain of children takes one batch, not a batch (and a scan of the runs
+    still linked) per generation. One query per generation and ``chunk`` parents."""
+    found: list = []
+    generation = parents
+    while generation and len(found) < room:
+        started = []
+        for start in range(0, len(generation), chunk):
+            parents_here = generation[start : start + chunk]
+            rows = old.filter(parent_link__parent_id__in=parents_here).select_for_update()
+            started += rows.values_list("id", flat=True)[: room - len(found) - len(started)]
+            if len(found) + len(started) >= room:
+                break
+        found += started
+        generation = started
+    return found
 
 
 def _newest_slot_runs(names, newest: dict) -> set:
