@@ -28,6 +28,7 @@ served from the store). Enqueue writes one row or nothing.
 
 import contextlib
 import inspect
+import itertools
 import sys
 import traceback
 import uuid
@@ -232,16 +233,21 @@ def _find_task(name: str) -> Task | None:
     imported (nothing is imported here). The path names the task's function:
     the ``Task`` itself when decorated, but the plain function when the task
     was made by calling ``task()`` on it (``notify_task = task(notify)``),
-    whose ``Task`` is then found among the module's globals."""
+    whose ``Task`` is then found among the globals of the function's module,
+    or else of any module imported (``shop/tasks.py`` making it from a
+    function of ``shop/emails.py``): a look at every module, once per name
+    a process does not know."""
     module, _, attribute = name.rpartition(".")
-    namespace = vars(sys.modules[module]) if module in sys.modules else {}
-    candidate = namespace.get(attribute)
+    own = sys.modules.get(module)
+    candidate = getattr(own, attribute, None)
     if isinstance(candidate, Task):
         return candidate
-    for value in list(namespace.values()):
-        # type(), not isinstance(): that would evaluate a lazy object's __class__.
-        if issubclass(type(value), Task) and value.module_path == name:
-            return value
+    elsewhere = (other for other in list(sys.modules.values()) if other is not own)
+    for namespace in itertools.chain([own], elsewhere):
+        for value in list(getattr(namespace, "__dict__", {}).values()):
+            # type(), not isinstance(): that would evaluate a lazy object's __class__.
+            if issubclass(type(value), Task) and value.module_path == name:
+                return value
     return None
 
 

@@ -518,3 +518,57 @@ def test_a_task_runs_page_shows_its_start_its_steps_and_whats_pending(admin_clie
     pending = admin_client.get(f"/admin/everystep/workflow/{failed.id}/run/")
     assert pending.status_code == 200
     assert "tests.tasks.jobs.double" in pending.text  # the task function's step, not run yet
+
+
+EMAILS = """
+def send_welcome(to):  # a plain function, also called inline
+    return f"welcome {to}"
+"""
+
+TASKS = """
+from django.conf import settings
+from django.tasks import task
+from django.test import override_settings
+
+from {emails} import send_welcome
+
+IMMEDIATE = {{"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+with override_settings(TASKS={{**settings.TASKS, "immediate": IMMEDIATE}}):
+    send_welcome_task = task(send_welcome, backend="immediate")
+"""
+
+
+@pytest.fixture
+def task_of_an_imported_function(tmp_path, monkeypatch):
+    """shop/tasks.py makes a task of another backend from shop/emails.py's
+    send_welcome: its runs are named after emails, the Task lives in tasks."""
+    import importlib
+
+    suffix = uuid.uuid4().hex[:8]
+    emails, tasks = f"emails_{suffix}", f"tasks_{suffix}"
+    (tmp_path / f"{emails}.py").write_text(EMAILS)
+    (tmp_path / f"{tasks}.py").write_text(TASKS.format(emails=emails))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = importlib.import_module(tasks).send_welcome_task
+    yield made
+    registry._workflows.pop(made.module_path, None)
+
+
+def test_a_task_made_from_a_function_of_another_module_is_run_and_read_back_here(
+    task_of_an_imported_function, monkeypatch
+):
+    # It was looked for in the function's module only: a worker failed its runs
+    # ("no @workflow is registered"), get_result raised TaskResultDoesNotExist.
+    made = task_of_an_imported_function
+    first = made.using(backend="default").enqueue("ann")
+    second = made.using(backend="default").enqueue("bob")
+    # Another process: importing the tasks module validated the task with its
+    # own backend, which registered nothing there.
+    monkeypatch.delitem(registry._workflows, made.module_path)
+    fetched = default_task_backend.get_result(second.id)  # a web process polling it
+    assert (fetched.id, fetched.status) == (second.id, TaskResultStatus.READY)
+    monkeypatch.delitem(registry._workflows, made.module_path)
+    run = run_once(Workflow.objects.get(id=first.id))  # a worker
+    assert run.status == "completed", run.error["message"]
+    assert run.result == "welcome ann"
+
