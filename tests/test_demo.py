@@ -1,6 +1,7 @@
 """The demo (demo_project, ./scripts/demo, docs/demo.md) as a user starts it:
 manage.py in a process of its own, on a SQLite file of the test's own."""
 
+import contextlib
 import socket
 import sqlite3
 import subprocess
@@ -51,8 +52,44 @@ def test_a_demo_that_cannot_bind_its_port_leaves_no_run_claimed(tmp_path):
         port = taken.getsockname()[1]
         done = manage(db, "rundemo", f"127.0.0.1:{port}", timeout=60)
     assert done.returncode != 0 and "already in use" in done.stderr, done.stdout + done.stderr
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         running = conn.execute(
             "SELECT name, claimed_by FROM everystep_workflow WHERE status = 'running'"
         ).fetchall()
     assert running == [], f"runs left running by a demo that never served: {running}"
+
+
+def test_a_demo_stopped_with_sigterm_drains_its_worker(tmp_path):
+    """docker stop, systemd and kill send SIGTERM: the demo stops as on Ctrl-C,
+    its worker drained (it was killed at once, runs left running mid-step)."""
+    import signal
+
+    from tests.worker.support import wait_for
+
+    db = tmp_path / "demo.sqlite3"
+    for argv in (("migrate", "--noinput", "-v", "0"), ("seed_demo",)):
+        done = manage(db, *argv)
+        assert done.returncode == 0, done.stdout + done.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"PATH": "/usr/bin:/bin", "DEMO_DATABASE": str(db)}
+    argv = [sys.executable, "demo_project/manage.py", "rundemo", f"127.0.0.1:{port}"]
+    out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    demo = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, **out)
+
+    def claimed():
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            rows = conn.execute("SELECT count(*) FROM everystep_workflow WHERE status != 'scheduled'")
+            return rows.fetchone()[0]
+
+    try:
+        wait_for(claimed, timeout=60, what="the demo's worker to claim runs")
+        demo.send_signal(signal.SIGTERM)
+        output = demo.communicate(timeout=60)[0]
+    finally:
+        demo.kill()
+    assert demo.returncode == 0, output
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        running = conn.execute("SELECT name FROM everystep_workflow WHERE status = 'running'").fetchall()
+    assert running == [], f"runs left running by a demo stopped with SIGTERM: {running}\n{output}"

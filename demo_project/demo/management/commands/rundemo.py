@@ -1,3 +1,4 @@
+import signal
 import threading
 
 from django.core.management import call_command
@@ -26,6 +27,9 @@ class Command(BaseCommand):
                 # finally below, and a worker started earlier would leave its runs claimed.
                 thread.start()
 
+        # SIGTERM (docker stop, systemd, kill) ends the server as Ctrl-C does, so the
+        # worker drains below; by default it killed the process, runs mid-step.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             # No autoreloader: it would start a second process with a second worker.
             call_command(Server(), addrport, use_reloader=False)
@@ -33,3 +37,8 @@ class Command(BaseCommand):
             worker.stop()
             if thread.is_alive():
                 thread.join(10)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
