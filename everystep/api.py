@@ -41,10 +41,13 @@ def workflow(
 
     The workflow is registered under its qualified name ``module.qualname``,
     which is what a run row stores: renaming or moving the function changes
-    its identity. A name longer than 300 characters (the column) raises
-    :class:`~everystep.errors.EverystepError` here, at import. Workers and the UI import every installed app's
-    ``workflows`` module at start-up, so define workflows there (or in a
-    module it imports).
+    its identity, and two workflows must not share one (the last registered
+    replaces the first: a decorator applied under ``@workflow`` must use
+    ``functools.wraps``, or every function it wraps is named ``wrapper``).
+    A name longer than 300 characters (the column) raises
+    :class:`~everystep.errors.EverystepError` here, at import. Workers and
+    the UI import every installed app's ``workflows`` module at start-up, so
+    define workflows there (or in a module it imports).
 
     On every claim the body runs again from the top and recorded steps are
     served from the store, so code between steps must be deterministic. A
@@ -101,6 +104,9 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
     :func:`workflow`.
     """
 
+    if not isinstance(unsafe_to_repeat, bool):  # "false" read from configuration is true
+        raise TypeError(f"@step(unsafe_to_repeat=...) takes True or False, not {unsafe_to_repeat!r}")
+
     def decorate(func: Callable) -> Callable:
         spec = registry.Spec(_checked_name(func, "step"), func, "step", unsafe_to_repeat)
         registry.register(spec)
@@ -118,8 +124,23 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
 def _checked_name(func: Callable, kind: str) -> str:
     """The qualified name a run or step row stores, refused here, at import,
     when longer than its column: PostgreSQL and MariaDB would refuse it only at
-    the write (SQLite stores it), so it is refused on every backend."""
+    the write (SQLite stores it), so it is refused on every backend. So is
+    what the engine cannot call for a result: not a function (``@workflow("0 9
+    * * *")``, an option passed without its keyword), or an ``async def`` or
+    generator function, whose call returns a coroutine or generator unrun."""
+    if not callable(func) or not hasattr(func, "__qualname__"):
+        raise TypeError(
+            f"@{kind} decorates a function, not {func!r}: pass its options by keyword "
+            f'(@workflow(cron="0 9 * * *"), @step(unsafe_to_repeat=True))'
+        )
     name = registry.qualified_name(func)
+    unrun = (inspect.iscoroutinefunction, inspect.isasyncgenfunction, inspect.isgeneratorfunction)
+    if any(returns_unrun(func) for returns_unrun in unrun):
+        raise EverystepError(
+            f"{kind} {name}: an async def or generator function cannot be a {kind}: calling it returns "
+            "a coroutine or generator, not its result. Use a plain def (run async code with "
+            "asyncio.run() inside a step)."
+        )
     if len(name) > MAX_NAME_LENGTH:
         raise EverystepError(
             f"{kind} {name}: the qualified name (module.qualname) is {len(name)} characters; the "

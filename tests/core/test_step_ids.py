@@ -97,6 +97,36 @@ def test_a_name_longer_than_the_name_column_is_refused_at_import(decorator):
     assert columns == {api.MAX_NAME_LENGTH}
 
 
+async def _coroutine(x):
+    return x
+
+
+async def _async_generator(x):
+    yield x
+
+
+def _generator(x):
+    yield x
+
+
+@pytest.mark.parametrize("decorator", [workflow, step])
+@pytest.mark.parametrize("func", [_coroutine, _async_generator, _generator])
+def test_an_async_or_generator_function_is_refused_at_import(decorator, func):
+    # Accepted, each run failed after its claim with "return value is not
+    # serializable: a builtins.coroutine", its body never run.
+    with pytest.raises(EverystepError, match="an async def or generator function cannot be a"):
+        decorator(func)
+
+
+def test_options_that_are_not_what_the_decorators_take_are_refused_at_import():
+    # "false" read from configuration is true: every crash would park the runs blocked.
+    with pytest.raises(TypeError, match="unsafe_to_repeat=.... takes True or False, not 'false'"):
+        step(unsafe_to_repeat="false")
+    # The expression taken for the function: it was "'str' object has no attribute '__module__'".
+    with pytest.raises(TypeError, match=r"decorates a function, not '0 9 \* \* \*': pass its options by"):
+        workflow("0 9 * * *")
+
+
 
 # Names Python holds apart that MySQL/MariaDB's default collation folds into one
 # (case, trailing spaces, accents): migration 0017 makes the columns compare exactly.
