@@ -113,7 +113,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        matches = Q(name__icontains=term) | Q(idempotency_key=term)
+        # Keys compare exactly, spaces and all ("order-7 " is not "order-7").
+        matches = Q(name__icontains=term) | Q(idempotency_key=search_term)
         id_range = id_prefix_range(term)
         if id_range:
             matches |= Q(pk__range=id_range)

@@ -38,7 +38,8 @@ def wrappable(name: str) -> SafeString:
 def timestamp(moment: datetime) -> SafeString:
     """Date and time in the current time zone, wrapping between the two (the
     page's time zone is in the title)."""
-    local = timezone.localtime(moment)
+    # USE_TZ = False: the database gives naive times, already local.
+    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
     return format_html(
         '<time datetime="{}" title="{}">'
         '<span class="es-nowrap">{}</span> <span class="es-nowrap">{}</span></time>',

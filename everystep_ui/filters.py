@@ -51,17 +51,21 @@ class ArgumentJSONField(forms.CharField):
                 code="invalid_json",
                 params={"problem": str(exc)},
             )
+        # The JSON is read as the run page shows arguments, stored: a tag typed
+        # ({"$es": "uuid", ...}) is the value it names, stored again as typed
+        # (taken as a dict, it was stored wrapped and matched nothing).
         # json.loads takes NaN, Infinity and 1e400 (as inf), which no run's
         # arguments hold and the filtering would refuse with a 500; and text
         # with NUL or a lone surrogate, which PostgreSQL's jsonb refuses. The
         # engine's own check tells, so the list reports it as not applied.
         try:
-            serde.encode(parsed)
+            value = serde.decode(parsed)
+            serde.encode(value)
         except EverystepError as exc:
             raise forms.ValidationError(
                 self.error_messages["unstorable"], code="unstorable", params={"problem": str(exc)}
             )
-        return parsed if isinstance(parsed, list) else [parsed]
+        return value if isinstance(value, list) else [value]
 
 
 class ArgumentContainsFilter(django_filters.Filter):
@@ -92,7 +96,8 @@ def _start_of_day(day: dt.date) -> dt.datetime | None:
 class RunFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Workflow.Status.choices, empty_label="any")
     name = django_filters.ChoiceFilter(label="Workflow", choices=workflow_name_choices, empty_label="any")
-    claimed_by = django_filters.CharFilter(label="Claimer")
+    # Not stripped: "worker-2 " is a worker of its own (the overview links to it).
+    claimed_by = django_filters.CharFilter(label="Claimer", strip=False)
     # Day bounds become a range on created_at so the column's index serves them.
     created_after = django_filters.DateFilter(
         label="Created on or after",

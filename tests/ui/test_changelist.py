@@ -368,3 +368,36 @@ def test_nobody_adds_changes_or_deletes_runs_in_the_admin(admin_client, make_run
     # The only bulk actions are the operator's (tests/ui/test_bulk_actions.py), never delete.
     actions = admin_client.get(LIST).text.split('<select name="action"')[1].split("</select>")[0]
     assert re.findall(r'<option value="(\w*)"', actions) == ["", "retry_selected", "stop_selected"]
+
+
+def test_argument_contains_finds_a_tagged_argument_as_the_run_page_shows_it(admin_client, make_run):
+    # The stored form, pasted from the run page: it was stored again wrapped
+    # as a dict ({"$es": "dict", ...}) and matched nothing.
+    order = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    run = make_run(status="completed", args=[order])
+    assert "&quot;$es&quot;: &quot;uuid&quot;" in admin_client.get(f"{LIST}{run.pk}/run/").text
+    needle = '{"$es": "uuid", "v": "12345678-1234-5678-1234-567812345678"}'
+    assert listed(admin_client, {"args": needle}) == ids(run)
+
+
+def test_the_overviews_link_to_a_claimer_with_edge_spaces_lists_its_runs(admin_client, make_run):
+    import html
+
+    run = make_run(status="running", claimed_by=" worker-2 ")
+    overview = admin_client.get(f"{LIST}overview/").text
+    link = re.findall(r'href="(/admin/everystep/workflow/\?[^"]*claimed_by=[^"]*)"', overview)[0]
+    assert set(listed_ids(admin_client.get(html.unescape(link)))) == ids(run)  # the filter stripped it
+
+
+def test_search_compares_an_idempotency_key_exactly_spaces_and_all(admin_client, make_run):
+    spaced = make_run(status="completed", idempotency_key="order-7 ")
+    make_run(status="completed", idempotency_key="order-7")
+    assert listed(admin_client, {"q": "order-7 "}) == ids(spaced)  # it listed the other run
+
+
+def test_the_run_list_opens_with_use_tz_false(settings, admin_client, make_run):
+    settings.USE_TZ = False  # it was a 500: localtime() cannot be applied to a naive datetime
+    now = dt.datetime.now()
+    run = make_run(status="completed", created_at=now - dt.timedelta(seconds=5), completed_at=now)
+    assert listed(admin_client, {}) == ids(run)
+
