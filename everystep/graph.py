@@ -14,7 +14,9 @@ are lambdas, steps, helpers or lists of them. Loops, conditions, ``try``, compre
 assert messages are fine while they call no step (and no ``return`` inside one precedes a
 step). Anything else that could call a step is refused: steps in loops or conditions, ids
 that are not string literals, calls through local names, ``self`` or computed expressions,
-steps passed as values or wrapped by library code, ``*branches``, recursion, missing source.
+steps passed as values or wrapped by library code, ``*branches``, recursion, missing source,
+and a module-level object whose hidden code calls steps (``__call__``, ``__enter__`` or
+``__exit__`` of its class, a property read on it).
 
 Assumed, not checked: methods of values computed at run time (``order.save()`` on a local
 ``order``), instantiating classes and library code (stdlib, site-packages, everystep) call
@@ -291,6 +293,7 @@ class _Walker:
             return "inline", obj
         if obj is eval or obj is exec:
             raise self.unsure(node, f"{label}: the code it runs is not analysed")
+        self.check_hidden(obj, ("__call__",), node, label)
         try:
             wrapped = (
                 obj.func if isinstance(obj, functools.partial) else inspect.getattr_static(obj, "__wrapped__")
@@ -309,6 +312,16 @@ class _Walker:
         probe.waits, probe.start_child = self.waits, self.start_child
         probe.inline(func, None, method=kind == "method")
         return bool(probe.steps or probe.forks)
+
+    def check_hidden(self, obj, dunders: tuple, node, label: str) -> None:
+        """Unsure when code that calls steps runs unseen: ``obj`` itself (a
+        property's getter, ``dunders`` empty) or the user methods ``dunders``
+        of its class (``__call__`` of a callable object, ``__enter__`` and
+        ``__exit__`` of a context manager), which are not walked."""
+        hidden = [obj] if not dunders else [inspect.getattr_static(type(obj), d, None) for d in dunders]
+        for func in hidden:
+            if _is_user_function(func) and self.runs_steps(_Method(func), node, label):
+                raise self.unsure(node, f"{label} runs code that calls steps unseen: it is not analysed")
 
     def resolve(self, node, *, callee: bool = False):
         """The object a name or dotted name refers to, ``_LOCAL`` or ``_VALUE``."""
@@ -334,8 +347,12 @@ class _Walker:
                 return _VALUE
             if isinstance(found, staticmethod):
                 return found.__func__
+            if isinstance(found, property) and not isinstance(base, type):  # read: its getter runs
+                self.check_hidden(found.fget, (), node, ast.unparse(node))
+                return _VALUE
             found = found.__func__ if isinstance(found, classmethod) else found
-            return _Method(found) if _is_user_function(found) else found
+            # A step or workflow kept on a class (Steps.ping) is itself, not a method to walk.
+            return _Method(found) if _is_user_function(found) and _spec(found) is None else found
         if callee:
             raise self.unsure(node, f"a call through {ast.unparse(node)}: the function {_AT_RUN_TIME}")
         self.expr(node)
@@ -358,6 +375,10 @@ class _Walker:
                 self.frames[-1].exit = f"{where} a return inside {what}: the steps after it may not run"
         elif isinstance(s, ast.With):
             self.visit(s.items)
+            for item in s.items:
+                if isinstance(item.context_expr, ast.Name | ast.Attribute):
+                    label = ast.unparse(item.context_expr)
+                    self.check_hidden(self.resolve(item.context_expr), ("__enter__", "__exit__"), s, label)
             return self.stmts(s.body)
         elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):  # defining runs no body
             self.visit([*s.decorator_list, *s.args.defaults, *s.args.kw_defaults])

@@ -13,8 +13,12 @@ text). Dict keys must be strings; text must hold no NUL
 character and no lone surrogate (jsonb refuses both, and libpq would cut a
 string at the NUL). Subclasses of list, tuple and dict (a namedtuple, an
 OrderedDict) are refused: they would come back as the plain type, so a replay
-would see another value than the first pass did. A subclass of str, int or
-float is stored as the plain value.
+would see another value than the first pass did. A subclass of str, int,
+float, datetime, date, UUID or bytes is stored as the plain value and comes
+back as it (a pendulum or arrow datetime as a datetime at the same instant).
+Nested more than ``MAX_DEPTH`` (100) levels deep as JSON is refused. Kept
+to the microsecond: a datetime's UTC offset (a sub-second one, which Python
+3.11 cannot read back, is cut) and not its ``fold``.
 
 Not kept on every backend: the order of a dict's keys. A dict is stored as a
 JSON object, and PostgreSQL's jsonb and MySQL's JSON give its keys back in
@@ -38,6 +42,10 @@ from typing import Any
 from .errors import EverystepError
 
 TAG = "$es"
+# The deepest JSON a value may encode to: MySQL's own limit (MariaDB refuses
+# past 32: errors.RefusedByDatabase), and well within what decode() reads
+# back without exhausting Python's recursion limit.
+MAX_DEPTH = 100
 
 
 class _Refused(EverystepError):
@@ -114,7 +122,7 @@ def encode(value: Any) -> Any:
     elif kind in _PLAIN:
         return value
     try:
-        return _encode(value)
+        return _encode(value, 0)
     except _Refused as exc:
         raise EverystepError(f"${''.join(reversed(exc.where))}: {exc.problem}") from None
     except RecursionError:
@@ -130,9 +138,21 @@ def check_text(what: str, text: str) -> None:
         raise EverystepError(f"{what} {text!r} is refused: {problem}")
 
 
-def _encode(value: Any) -> Any:
+def _nested(depth: int) -> int:
+    """``depth``, the JSON level a value's encoding reaches, refused past MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        raise _Refused(
+            f"the value is nested more than {MAX_DEPTH} levels deep as JSON (everystep's tags "
+            "count: a tuple is two); MySQL refuses deeper JSON, and it could not be read back"
+        )
+    return depth
+
+
+def _encode(value: Any, depth: int) -> Any:
+    """``value`` encoded, ``depth`` JSON levels deep (containers around it)."""
     if isinstance(value, enum.Enum):  # before str and int: a StrEnum, an IntEnum
-        return {TAG: "enum", "cls": _enum_path(type(value)), "v": _encode(value.value)}
+        path = _enum_path(type(value))
+        return {TAG: "enum", "cls": path, "v": _encode(value.value, _nested(depth + 1))}
     if isinstance(value, str):
         problem = unstorable_text(value)
         if problem:
@@ -155,14 +175,16 @@ def _encode(value: Any) -> Any:
         if abs(value) >= 1e16 or (not value and math.copysign(1.0, value) < 0):
             # jsonb keeps a number as numeric: it prints 1e+16 as
             # 10000000000000000, which reads back as an int, and -0.0 as 0.
+            _nested(depth + 1)
             return {TAG: "float", "v": repr(float(value))}
         return value
     if type(value) in _CONTAINERS:
         kind = type(value)
         if kind is list:
-            return _encode_items(value)
+            return _encode_items(value, _nested(depth + 1))
         if kind is tuple:
-            return {TAG: "tuple", "v": _encode_items(value)}
+            return {TAG: "tuple", "v": _encode_items(value, _nested(depth + 2))}
+        inner = _nested(depth + (2 if TAG in value else 1))  # a user's "$es" key: wrapped in a tag
         encoded = {}
         for key, item in value.items():
             if not isinstance(key, str):
@@ -171,11 +193,13 @@ def _encode(value: Any) -> Any:
             if problem:
                 raise _Refused(f"dict key {key!r} is not storable: {problem}")
             try:
-                encoded[key] = _encode(item)
+                encoded[key] = _encode(item, inner)
             except _Refused as exc:
                 exc.where.append(f"[{key!r}]")
                 raise
         return {TAG: "dict", "v": encoded} if TAG in encoded else encoded
+    if isinstance(value, dt.datetime | dt.date | dt.timedelta | uuid.UUID | bytes | bytearray):
+        _nested(depth + 1)  # a tag: one object
     if isinstance(value, dt.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
     if isinstance(value, dt.date):
@@ -224,11 +248,11 @@ def _enum_path(cls: type) -> str:
     return path
 
 
-def _encode_items(items) -> list:
+def _encode_items(items, depth: int) -> list:
     encoded = []
     for i, item in enumerate(items):
         try:
-            encoded.append(_encode(item))
+            encoded.append(_encode(item, depth))
         except _Refused as exc:
             exc.where.append(f"[{i}]")
             raise
@@ -236,28 +260,36 @@ def _encode_items(items) -> list:
 
 
 def decode(data: Any) -> Any:
-    """Inverse of :func:`encode`. A malformed tag (hand-written JSON, say)
-    raises ``EverystepError``."""
+    """Inverse of :func:`encode`. A malformed tag (hand-written JSON, say), or
+    JSON nested deeper than Python reads (stored before ``MAX_DEPTH``, or
+    written by hand), raises ``EverystepError``."""
+    try:
+        return _decode(data)
+    except RecursionError:
+        raise EverystepError("the JSON is nested too deeply to read") from None
+
+
+def _decode(data: Any) -> Any:
     if isinstance(data, list):
-        return [decode(item) for item in data]
+        return [_decode(item) for item in data]
     if not isinstance(data, dict):
         return data
     if TAG not in data:
-        return {key: decode(item) for key, item in data.items()}
+        return {key: _decode(item) for key, item in data.items()}
     try:
         return _decode_tagged(data[TAG], data)
-    except EverystepError:
+    except (EverystepError, RecursionError):
         raise
-    except (LookupError, TypeError, ValueError, AttributeError, ImportError, OverflowError) as exc:
+    except Exception as exc:  # whatever a hand-written tag makes fail, an enum's module on import too
         problem = f"{type(exc).__name__}: {exc}"
         raise EverystepError(f"unreadable everystep JSON tag {data[TAG]!r}: {problem}") from None
 
 
 def _decode_tagged(kind, data: dict) -> Any:
     if kind == "dict":
-        return {key: decode(item) for key, item in data["v"].items()}
+        return {key: _decode(item) for key, item in data["v"].items()}
     if kind == "tuple":
-        return tuple(decode(item) for item in data["v"])
+        return tuple(_decode(item) for item in data["v"])
     if kind == "datetime":
         return dt.datetime.fromisoformat(data["v"])
     if kind == "date":
@@ -278,7 +310,7 @@ def _decode_tagged(kind, data: dict) -> Any:
         # operator may have typed (a resolved step's result, an event's value).
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise EverystepError(f"{data['cls']!r} is not an Enum class")
-        return cls(decode(data["v"]))
+        return cls(_decode(data["v"]))
     raise EverystepError(f"unknown everystep JSON tag {kind!r}")
 
 
@@ -290,9 +322,10 @@ def dumps(value: Any) -> str:
 def loads(text: str | bytes) -> Any:
     """Parse a JSON string and :func:`decode` it: the inverse of :func:`dumps`."""
     try:
-        return decode(json.loads(text))
+        parsed = json.loads(text)
     except RecursionError:
         raise EverystepError("the JSON is nested too deeply") from None
+    return decode(parsed)
 
 
 def import_string(dotted: str) -> Any:

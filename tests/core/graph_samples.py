@@ -212,6 +212,23 @@ def def_time_evaluation():
     return charge(10)
 
 
+class Steps:
+    """Steps kept on a class and called through it: each is a step, not a method to walk."""
+
+    charge = charge
+
+    @step
+    def audit():
+        return "audited"
+
+
+@workflow
+def steps_on_a_class():
+    Steps.charge(2)
+    Steps.audit()
+    return notify()
+
+
 STRAIGHT_ARGS = {
     sequential: (7,),
     named: (),
@@ -225,6 +242,7 @@ STRAIGHT_ARGS = {
     evaluation_order: (),
     methods_and_decorators: (),
     def_time_evaluation: (),
+    steps_on_a_class: (),
 }
 
 
@@ -399,3 +417,43 @@ def generator_helper():
 @workflow
 def lazy():
     return list(generator_helper())
+
+
+class Notifier:
+    def __call__(self, amount):
+        return charge(amount)
+
+
+class Audited:
+    def __enter__(self):
+        notify()
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Totals:
+    @property
+    def total(self):
+        return charge(7)
+
+
+notifier, audited, totals = Notifier(), Audited(), Totals()
+
+
+@workflow
+def callable_object():
+    notifier(1)
+
+
+@workflow
+def context_manager_object():
+    with audited:
+        charge(1)
+
+
+@workflow
+def property_getter():
+    return charge(totals.total)
+

@@ -279,3 +279,20 @@ def test_static_ids_are_the_ids_the_runtime_records(func):
     assert by_scope(sid for sid, _ in recorded) == by_scope(sid for sid, _ in graph.steps)
     forks_with_steps = {sid.rsplit(".", 2)[0] for sid, _ in recorded if "." in sid}
     assert forks_with_steps <= set(graph.forks)
+
+
+@pytest.mark.parametrize(
+    "func, seen",
+    [
+        (s.callable_object, "notifier"),
+        (s.context_manager_object, "audited"),
+        (s.property_getter, "totals.total"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_steps_run_by_an_objects_hidden_code_make_the_graph_unsure(func, seen):
+    # __call__, __enter__/__exit__ and a property's getter run code that is
+    # not walked: the graph claimed exact ids, missing those steps.
+    reason = intended_steps(func).reason
+    assert reason.endswith(f"{seen} runs code that calls steps unseen: it is not analysed"), reason
+

@@ -292,10 +292,50 @@ def test_deeply_nested_values_are_refused_clearly():
     value = []
     for _ in range(5000):
         value = [value]
-    with pytest.raises(EverystepError, match="nested too deeply"):
+    with pytest.raises(EverystepError, match="nested more than 100 levels deep as JSON"):
         serde.encode(value)
+
+
+def nested(depth: int, wrap) -> object:
+    value = 1
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    "wrap, levels",
+    [(lambda v: [v], 1), (lambda v: (v,), 2), (lambda v: {"k": v}, 1), (lambda v: {"$es": v}, 2)],
+    ids=["list", "tuple", "dict", "dict with the tag key"],
+)
+def test_a_value_is_stored_up_to_100_json_levels_and_always_reads_back(wrap, levels):
+    # Tuples 400 deep (800 levels) were stored, and reading them back raised
+    # RecursionError: the step's row, and every replay of its run.
+    deepest = nested(100 // levels, wrap)
+    assert serde.decode(json.loads(json.dumps(serde.encode(deepest)))) == deepest
+    with pytest.raises(EverystepError, match="nested more than 100 levels deep as JSON"):
+        serde.encode(nested(100 // levels + 1, wrap))
+
+
+def test_json_nested_deeper_than_python_reads_is_an_everystep_error():
+    # Stored before the limit, or written by hand: not a RecursionError.
+    with pytest.raises(EverystepError, match="the JSON is nested too deeply to read"):
+        serde.decode(nested(5000, lambda v: {"$es": "tuple", "v": [v]}))
 
 
 def test_loads_refuses_absurd_nesting_clearly():
     with pytest.raises(EverystepError, match="nested too deeply"):
         serde.loads("[" * 100_000 + "]" * 100_000)
+
+
+def test_an_enum_tag_whose_module_raises_on_import_is_an_everystep_error(tmp_path, monkeypatch):
+    # ImproperlyConfigured (a project module needing a setting, GDAL missing)
+    # escaped: the Send event and Resolve forms answered 500.
+    (tmp_path / "serde_broken_enum_module.py").write_text(
+        "from django.core.exceptions import ImproperlyConfigured\n\n"
+        'raise ImproperlyConfigured("API_KEY is not set")\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EverystepError, match="unreadable everystep JSON tag 'enum': ImproperlyConfigured"):
+        serde.loads('{"$es": "enum", "cls": "serde_broken_enum_module.Mood", "v": 1}')
+
