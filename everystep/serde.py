@@ -16,9 +16,9 @@ OrderedDict) are refused: they would come back as the plain type, so a replay
 would see another value than the first pass did. A subclass of str, int,
 float, datetime, date, UUID or bytes is stored as the plain value and comes
 back as it (a pendulum or arrow datetime as a datetime at the same instant).
-Nested more than ``MAX_DEPTH`` (100) levels deep as JSON is refused. Kept
-to the microsecond: a datetime's UTC offset (a sub-second one, which Python
-3.11 cannot read back, is cut) and not its ``fold``.
+Nested more than ``MAX_DEPTH`` (100) levels deep as JSON is refused. A
+datetime keeps its UTC offset (on Python 3.11 not a sub-second part of it),
+not its ``fold``.
 
 Not kept on every backend: the order of a dict's keys. A dict is stored as a
 JSON object, and PostgreSQL's jsonb and MySQL's JSON give its keys back in
