@@ -51,6 +51,7 @@ class EstimatedCountPaginator(Paginator):
     expects ``estimate_threshold`` rows or fewer."""
 
     estimate_threshold = 100_000
+    estimated = False  # whether ``count`` is an estimate
 
     @cached_property
     def count(self):
@@ -59,5 +60,23 @@ class EstimatedCountPaginator(Paginator):
             filtered = bool(queryset.query.where)
             estimate = estimated_match_count(queryset) if filtered else estimated_row_count(queryset)
             if estimate is not None and estimate > self.estimate_threshold:
+                self.estimated = True
                 return estimate
         return super().count
+
+    def page(self, number):
+        # From the estimate's last page on, the count is made exact: below the
+        # real one (an ANALYZE behind a growing table, a plan's guess), it
+        # would leave the oldest runs on no page. One count, for the tail only.
+        if self.estimated and _page_number(number) >= self.num_pages:
+            self.__dict__["count"] = Paginator.count.func(self)
+            self.__dict__.pop("num_pages", None)
+            self.estimated = False
+        return super().page(number)
+
+
+def _page_number(number) -> int:
+    try:
+        return int(number)
+    except (TypeError, ValueError):
+        return 0

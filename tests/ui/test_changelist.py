@@ -315,6 +315,20 @@ def test_paginator_uses_the_estimate_only_for_a_big_unfiltered_table(monkeypatch
 
 
 @pytest.mark.django_db
+@pytest.mark.django_db
+def test_an_estimate_below_the_real_count_leaves_no_run_on_no_page(monkeypatch, make_run):
+    # reltuples lags a growing table until the next ANALYZE: the pages past
+    # the estimate were refused, so the oldest runs were on no page.
+    runs = [make_run(status="completed") for _ in range(15)]
+    monkeypatch.setattr(EstimatedCountPaginator, "estimate_threshold", 5)
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 10)
+    paginator = EstimatedCountPaginator(Workflow.objects.order_by("-id"), 5)
+    assert (paginator.count, paginator.num_pages) == (10, 2)
+    assert len(paginator.page(1)) == 5 and paginator.count == 10  # the head: the estimate
+    assert [run.pk for run in paginator.page(3)] == [run.pk for run in reversed(runs[:5])]  # the oldest
+    assert (paginator.count, paginator.num_pages) == (15, 3)  # exact from there on
+
+
 def test_a_filtered_list_matching_many_rows_uses_the_plans_estimate(monkeypatch, make_run):
     for _ in range(3):
         make_run()
