@@ -97,7 +97,9 @@ def step(func: Callable | None = None, *, unsafe_to_repeat: bool = False):
 
     A caller may pass ``everystep_id="name"`` to name the call instead of
     numbering it (a non-empty string without ``.``, not all digits, unique
-    in its scope). Arguments and the result must be serializable by
+    in its scope; of a ``(str, Enum)`` member, pass ``.value``: the id is
+    made as an f-string makes it, ``Name.MEMBER``, and runs in flight
+    recorded it so). Arguments and the result must be serializable by
     :mod:`everystep.serde`; a stored failure is raised again on replay.
     Outside a run, or inside another step's function, calling a step is a
     plain call. The qualified name is limited to 300 characters, as for

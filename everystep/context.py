@@ -185,8 +185,6 @@ class Context:
             raise EverystepError(
                 f"everystep_id must be a non-empty string, got {everystep_id!r} ({self._where()})"
             )
-        # A str subclass by its text: a (str, Enum) member formats as "Name.MEMBER".
-        everystep_id = str.__str__(everystep_id)
         problem = serde.unstorable_text(everystep_id)
         if problem:
             raise EverystepError(

@@ -20,7 +20,9 @@ and a module-level object whose hidden code calls steps (``__call__``, ``__enter
 
 Assumed, not checked: methods of values computed at run time (``order.save()`` on a local
 ``order``), instantiating classes and library code (stdlib, site-packages, everystep) call
-no steps, and context managers do not swallow exceptions.
+no steps, nor does hidden code (``__call__``, ``__enter__``, a property) that the analysis
+cannot follow itself (a call through ``self``), and context managers do not swallow
+exceptions.
 """
 
 import __future__
@@ -320,7 +322,13 @@ class _Walker:
         ``__exit__`` of a context manager), which are not walked."""
         hidden = [obj] if not dunders else [inspect.getattr_static(type(obj), d, None) for d in dunders]
         for func in hidden:
-            if _is_user_function(func) and self.runs_steps(_Method(func), node, label):
+            if not _is_user_function(func):
+                continue
+            try:
+                calls_steps = self.runs_steps(_Method(func), node, label)
+            except _Unsure:  # code it cannot follow (self._load()), assumed to call none, as before
+                calls_steps = False
+            if calls_steps:
                 raise self.unsure(node, f"{label} runs code that calls steps unseen: it is not analysed")
 
     def resolve(self, node, *, callee: bool = False):

@@ -124,7 +124,10 @@ def encode(value: Any) -> Any:
     try:
         return _encode(value, 0)
     except _Refused as exc:
-        raise EverystepError(f"${''.join(reversed(exc.where))}: {exc.problem}") from None
+        where = "".join(reversed(exc.where))
+        if len(where) > 80:  # a hundred levels deep: its ends say where
+            where = f"{where[:40]}...{where[-30:]}"
+        raise EverystepError(f"${where}: {exc.problem}") from None
     except RecursionError:
         raise EverystepError("the value is nested too deeply to store as JSON") from None
 
@@ -374,6 +377,11 @@ def encode_exception(exc: BaseException) -> dict:
     formatted = getattr(exc, "_everystep_traceback", None)
     if isinstance(formatted, str):
         payload["traceback"] = storable_text(formatted)
+    try:
+        encode(payload)  # as it is stored: a level deeper than its args, their tags encoded again
+    except EverystepError:  # nested too deeply so: the message stands for the arguments
+        payload["args"] = [message]
+        payload.pop("attrs", None)
     return payload
 
 

@@ -6,6 +6,7 @@ Every filter is an equality, a range or a containment test, never a
 
 import datetime as dt
 import json
+import sys
 
 import django_filters
 from django import forms
@@ -59,6 +60,7 @@ class ArgumentJSONField(forms.CharField):
         # with NUL or a lone surrogate, which PostgreSQL's jsonb refuses. The
         # engine's own check tells, so the list reports it as not applied.
         try:
+            _refuse_unloaded_enums(parsed)
             value = serde.decode(parsed)
             serde.encode(value)
         except EverystepError as exc:
@@ -66,6 +68,34 @@ class ArgumentJSONField(forms.CharField):
                 self.error_messages["unstorable"], code="unstorable", params={"problem": str(exc)}
             )
         return value if isinstance(value, list) else [value]
+
+
+def _refuse_unloaded_enums(data) -> None:
+    """An enum tag typed in a filter names a class already imported: decoding
+    it imports its module otherwise, running module code for anyone who may
+    view the list. Every stored enum's class is imported by the code that
+    made it."""
+    if isinstance(data, list):
+        for item in data:
+            _refuse_unloaded_enums(item)
+    elif isinstance(data, dict):
+        cls = data.get("cls") if data.get(serde.TAG) == "enum" else None
+        if isinstance(cls, str) and _imported(cls) is None:
+            raise EverystepError(f"the enum {data['cls']} is not one this process has imported")
+        for item in data.values():
+            _refuse_unloaded_enums(item)
+
+
+def _imported(path: str):
+    """What the dotted ``path`` names in a module imported already, or None."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        found = sys.modules.get(".".join(parts[:split]))
+        if found is not None:
+            for name in parts[split:]:
+                found = getattr(found, name, None)
+            return found
+    return None
 
 
 class ArgumentContainsFilter(django_filters.Filter):

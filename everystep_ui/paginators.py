@@ -52,6 +52,7 @@ class EstimatedCountPaginator(Paginator):
 
     estimate_threshold = 100_000
     estimated = False  # whether ``count`` is an estimate
+    recounted = False  # whether it was made exact, at the estimate's last page
 
     @cached_property
     def count(self):
@@ -64,15 +65,18 @@ class EstimatedCountPaginator(Paginator):
                 return estimate
         return super().count
 
-    def page(self, number):
+    def validate_number(self, number):
         # From the estimate's last page on, the count is made exact: below the
         # real one (an ANALYZE behind a growing table, a plan's guess), it
         # would leave the oldest runs on no page. One count, for the tail only.
+        # Above the real one, it offered pages past the last: they show the last.
         if self.estimated and _page_number(number) >= self.num_pages:
             self.__dict__["count"] = Paginator.count.func(self)
             self.__dict__.pop("num_pages", None)
-            self.estimated = False
-        return super().page(number)
+            self.estimated, self.recounted = False, True
+        if self.recounted and _page_number(number) > self.num_pages:
+            number = self.num_pages
+        return super().validate_number(number)
 
 
 def _page_number(number) -> int:

@@ -457,3 +457,70 @@ def context_manager_object():
 def property_getter():
     return charge(totals.total)
 
+
+# Hidden code that calls no step, through self (not followed): the graph stays exact.
+class Settings:
+    def _load(self):
+        return {"rate": 3}
+
+    @property
+    def rate(self):
+        return self._load()["rate"]
+
+
+class Tracer:
+    def _stop(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stop()
+        return False
+
+
+class Formatter:
+    def _fmt(self, value):
+        return str(value)
+
+    def __call__(self, value):
+        return self._fmt(value)
+
+
+class Singleton(type):
+    instances: dict = {}
+
+    def __call__(cls, *args, **kwargs):
+        if cls not in Singleton.instances:
+            Singleton.instances[cls] = super().__call__(*args, **kwargs)
+        return Singleton.instances[cls]
+
+
+class Client(metaclass=Singleton):
+    rate = 2
+
+
+settings, tracer, formatter = Settings(), Tracer(), Formatter()
+
+
+@workflow
+def reads_a_setting():
+    return charge(settings.rate)
+
+
+@workflow
+def traced():
+    with tracer:
+        return charge(1)
+
+
+@workflow
+def formats():
+    return charge(formatter(1))
+
+
+@workflow
+def singleton():
+    return charge(Client().rate)
+

@@ -168,6 +168,33 @@ def test_an_unsafe_steps_argument_the_database_refuses_fails_before_the_step_run
     assert w.effects["charge_deep"] == 0
 
 
+@step
+def raises_deep(depth):
+    raise ValueError(w.nested(depth))
+
+
+@workflow
+def catches_a_deep_failure(depth):
+    try:
+        raises_deep(depth)
+    except ValueError:
+        return "caught"
+
+
+@workflow
+def fails_deep(depth):
+    raise ValueError(w.nested(depth))
+
+
+def test_a_failure_whose_arguments_nest_deep_is_recorded_and_ends_the_run():
+    # Its arguments fit the 100 levels, its stored error (a level deeper, its
+    # tags encoded again) did not: the step was not recorded, the run ended
+    # with everystep's error, or execute() raised.
+    assert run_workflow(catches_a_deep_failure, 99).result == "caught"
+    row = run_workflow(fails_deep, 99)
+    assert (row.status, row.error["type"]) == ("failed", "builtins.ValueError")
+
+
 def test_unregistered_workflow_name_fails_clearly():
     row = Workflow.objects.create(name="tests.core.workflows.removed_long_ago", args=[])
     claim(row)
@@ -244,7 +271,7 @@ def test_deeply_nested_argument_is_refused_by_schedule_and_nothing_is_written():
     nested = []
     for _ in range(5000):
         nested = [nested]
-    with pytest.raises(EverystepError, match="nested too deeply"):
+    with pytest.raises(EverystepError, match=r"\$\[0\]\[0\].*\.\.\..*: the value is nested more than 100"):
         schedule(w.typed_values, nested)
     assert not Workflow.objects.exists()
 

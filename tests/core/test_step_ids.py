@@ -1,9 +1,8 @@
-import enum
 import uuid
 
 import pytest
 
-from everystep import api, parallel, start_child, step, workflow
+from everystep import api, start_child, step, workflow
 from everystep.errors import EverystepError
 from everystep.models import ChildRun, Step, Workflow
 from tests.core import child_workflows as cw
@@ -159,28 +158,3 @@ def test_names_differing_only_by_case_space_or_accent_start_two_children(first, 
     assert run.status == "completed", run.error
     links = dict(ChildRun.objects.filter(parent_id=run.id).values_list("step_id", "child_id"))
     assert links == {first: uuid.UUID(run.result[0]), second: uuid.UUID(run.result[1])}
-
-
-class StepName(str, enum.Enum):  # noqa: UP042 - not StrEnum: its str() is the value already
-    WELCOME = "welcome"
-    RECEIPT = "receipt"
-
-
-@step
-def mail(kind):
-    return kind
-
-
-@workflow
-def named_by_enum():
-    mail("welcome", everystep_id=StepName.WELCOME)
-    parallel(lambda: mail("receipt", everystep_id=StepName.RECEIPT))
-
-
-def test_a_str_enum_member_names_a_step_by_its_value():
-    # An f-string formats it "StepName.WELCOME": a dotted id, the run page drew
-    # a fork "StepName" that never ran.
-    run = run_workflow(named_by_enum)
-    assert run.status == "completed", run.error
-    assert sorted(run.steps.values_list("step_id", flat=True)) == ["2.0.receipt", "welcome"]
-

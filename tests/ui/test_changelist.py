@@ -12,7 +12,7 @@ from django.utils import timezone
 from everystep import database
 from everystep.models import Workflow
 from everystep_ui import paginators
-from everystep_ui.admin import id_prefix_range
+from everystep_ui.admin import WorkflowAdmin, id_prefix_range
 from everystep_ui.paginators import EstimatedCountPaginator
 
 from .conftest import CHECKOUT
@@ -414,4 +414,38 @@ def test_the_run_list_opens_with_use_tz_false(settings, admin_client, make_run):
     now = dt.datetime.now()
     run = make_run(status="completed", created_at=now - dt.timedelta(seconds=5), completed_at=now)
     assert listed(admin_client, {}) == ids(run)
+
+
+@pytest.mark.django_db
+def test_the_last_page_an_estimate_above_the_count_offers_still_opens(monkeypatch, admin_client, make_run):
+    # The estimate overshoots (rows deleted since the last ANALYZE): the
+    # paginator offers pages up to the estimate's last; following the link to
+    # it must not throw the operator out of the list (it showed the page,
+    # empty, before the count was made exact there).
+    for _ in range(6):
+        make_run(status="completed")
+    monkeypatch.setattr(WorkflowAdmin, "list_per_page", 2)
+    monkeypatch.setattr(EstimatedCountPaginator, "estimate_threshold", 5)
+    monkeypatch.setattr(paginators, "estimated_row_count", lambda queryset: 10)
+    first = admin_client.get(LIST)
+    assert first.status_code == 200
+    assert "?p=5" in first.text  # the estimate's last page is offered
+    last = admin_client.get(LIST + "?p=5")
+    assert last.status_code == 200, (last.status_code, last.get("Location"))
+    assert len(listed_ids(last)) == 2  # the real last page
+
+
+def test_argument_contains_imports_no_module_an_enum_tag_names(admin_client, make_run, tmp_path, monkeypatch):
+    # Decoding a typed tag imported the module it named, running its code for
+    # anyone who may view the list; an enum the process has imported is found.
+    import sys
+
+    (tmp_path / "filter_probe_module.py").write_text("import sys\nsys.filter_probe_imported = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    response = admin_client.get(LIST, {"args": '{"$es": "enum", "cls": "filter_probe_module.Mood", "v": 1}'})
+    assert "not one this process has imported" in response.text
+    assert not hasattr(sys, "filter_probe_imported")
+    run = make_run(status="completed", args=[Workflow.Status.FAILED])
+    tag = '{"$es": "enum", "cls": "everystep.statuses.RunStatus", "v": "failed"}'
+    assert listed(admin_client, {"args": tag}) == ids(run)
 
