@@ -132,8 +132,8 @@ def _checked_name(func: Callable, kind: str) -> str:
     generator function, whose call returns a coroutine or generator unrun."""
     if not callable(func) or not hasattr(func, "__qualname__"):
         raise TypeError(
-            f"@{kind} decorates a function, not {func!r}: pass its options by keyword "
-            f'(@workflow(cron="0 9 * * *"), @step(unsafe_to_repeat=True))'
+            f"@{kind} decorates a function defined with def, not {func!r}; its options go by "
+            f'keyword (@workflow(cron="0 9 * * *"), @step(unsafe_to_repeat=True))'
         )
     name = registry.qualified_name(func)
     unrun = (inspect.iscoroutinefunction, inspect.isasyncgenfunction, inspect.isgeneratorfunction)

@@ -15,7 +15,8 @@ string at the NUL). Subclasses of list, tuple and dict (a namedtuple, an
 OrderedDict) are refused: they would come back as the plain type, so a replay
 would see another value than the first pass did. A subclass of str, int,
 float, datetime, date, UUID or bytes is stored as the plain value and comes
-back as it (a pendulum or arrow datetime as a datetime at the same instant).
+back as the plain type (a pendulum or arrow datetime as a datetime at the
+same instant).
 Nested more than ``MAX_DEPTH`` (100) levels deep as JSON is refused. A
 datetime keeps its UTC offset (on Python 3.11 not a sub-second part of it),
 not its ``fold``.
@@ -154,8 +155,7 @@ def _nested(depth: int) -> int:
 def _encode(value: Any, depth: int) -> Any:
     """``value`` encoded, ``depth`` JSON levels deep (containers around it)."""
     if isinstance(value, enum.Enum):  # before str and int: a StrEnum, an IntEnum
-        path = _enum_path(type(value))
-        return {TAG: "enum", "cls": path, "v": _encode(value.value, _nested(depth + 1))}
+        return {TAG: "enum", "cls": _enum_path(type(value)), "v": _encode(value.value, _nested(depth + 1))}
     if isinstance(value, str):
         problem = unstorable_text(value)
         if problem:

@@ -123,7 +123,7 @@ def test_options_that_are_not_what_the_decorators_take_are_refused_at_import():
     with pytest.raises(TypeError, match="unsafe_to_repeat=.... takes True or False, not 'false'"):
         step(unsafe_to_repeat="false")
     # The expression taken for the function: it was "'str' object has no attribute '__module__'".
-    with pytest.raises(TypeError, match=r"decorates a function, not '0 9 \* \* \*': pass its options by"):
+    with pytest.raises(TypeError, match=r"a function defined with def, not '0 9 \* \* \*'; its options"):
         workflow("0 9 * * *")
 
 
