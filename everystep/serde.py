@@ -142,20 +142,19 @@ def check_text(what: str, text: str) -> None:
         raise EverystepError(f"{what} {text!r} is refused: {problem}")
 
 
-def _nested(depth: int) -> int:
-    """``depth``, the JSON level a value's encoding reaches, refused past MAX_DEPTH."""
-    if depth > MAX_DEPTH:
-        raise _Refused(
-            f"the value is nested more than {MAX_DEPTH} levels deep as JSON (everystep's tags "
-            "count: a tuple is two); MySQL refuses deeper JSON, and it could not be read back"
-        )
-    return depth
+def _too_deep() -> _Refused:
+    return _Refused(
+        f"the value is nested more than {MAX_DEPTH} levels deep as JSON (everystep's tags "
+        "count: a tuple is two); MySQL refuses deeper JSON, and it could not be read back"
+    )
 
 
 def _encode(value: Any, depth: int) -> Any:
     """``value`` encoded, ``depth`` JSON levels deep (containers around it)."""
     if isinstance(value, enum.Enum):  # before str and int: a StrEnum, an IntEnum
-        return {TAG: "enum", "cls": _enum_path(type(value)), "v": _encode(value.value, _nested(depth + 1))}
+        if depth >= MAX_DEPTH:
+            raise _too_deep()
+        return {TAG: "enum", "cls": _enum_path(type(value)), "v": _encode(value.value, depth + 1)}
     if isinstance(value, str):
         problem = unstorable_text(value)
         if problem:
@@ -178,16 +177,21 @@ def _encode(value: Any, depth: int) -> Any:
         if abs(value) >= 1e16 or (not value and math.copysign(1.0, value) < 0):
             # jsonb keeps a number as numeric: it prints 1e+16 as
             # 10000000000000000, which reads back as an int, and -0.0 as 0.
-            _nested(depth + 1)
+            if depth >= MAX_DEPTH:
+                raise _too_deep()
             return {TAG: "float", "v": repr(float(value))}
         return value
     if type(value) in _CONTAINERS:
         kind = type(value)
+        # Each container is a JSON level; a tuple two (a tag holding a list), and
+        # so is a dict with a user's "$es" key (wrapped in a tag).
+        inner = depth + 2 if kind is tuple or (kind is dict and TAG in value) else depth + 1
+        if inner > MAX_DEPTH:
+            raise _too_deep()
         if kind is list:
-            return _encode_items(value, _nested(depth + 1))
+            return _encode_items(value, inner)
         if kind is tuple:
-            return {TAG: "tuple", "v": _encode_items(value, _nested(depth + 2))}
-        inner = _nested(depth + (2 if TAG in value else 1))  # a user's "$es" key: wrapped in a tag
+            return {TAG: "tuple", "v": _encode_items(value, inner)}
         encoded = {}
         for key, item in value.items():
             if not isinstance(key, str):
@@ -201,8 +205,8 @@ def _encode(value: Any, depth: int) -> Any:
                 exc.where.append(f"[{key!r}]")
                 raise
         return {TAG: "dict", "v": encoded} if TAG in encoded else encoded
-    if isinstance(value, dt.datetime | dt.date | dt.timedelta | uuid.UUID | bytes | bytearray):
-        _nested(depth + 1)  # a tag: one object
+    if depth >= MAX_DEPTH and isinstance(value, _TAGGED):  # a tag: one level
+        raise _too_deep()
     if isinstance(value, dt.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
     if isinstance(value, dt.date):
@@ -227,6 +231,7 @@ def _encode(value: Any, depth: int) -> Any:
 
 
 _CONTAINERS = (list, tuple, dict)
+_TAGGED = (dt.datetime, dt.date, dt.timedelta, uuid.UUID, bytes, bytearray)
 
 # Enum classes checked to import back as themselves, by class.
 _IMPORTABLE_ENUMS: dict[type, str] = {}
