@@ -25,6 +25,22 @@ def manage(db, *argv, timeout=120):
     )
 
 
+def seeded(tmp_path):
+    """A demo database of the test's own, migrated and seeded as ./scripts/demo does."""
+    db = tmp_path / "demo.sqlite3"
+    for argv in (("migrate", "--noinput", "-v", "0"), ("seed_demo",)):
+        done = manage(db, *argv)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return db
+
+
+def running(db) -> list:
+    """The runs left ``running`` (name, claimer) in the demo's database."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT name, claimed_by FROM everystep_workflow WHERE status = 'running'")
+        return rows.fetchall()
+
+
 @pytest.mark.parametrize("addr", ["0.0.0.0:8000", "192.0.2.10:8000"])
 def test_the_demo_answers_on_the_address_demo_addr_names(tmp_path, addr):
     """DEMO_ADDR=host:port with a host other than 127.0.0.1 or localhost (0.0.0.0
@@ -42,21 +58,14 @@ def test_a_demo_that_cannot_bind_its_port_leaves_no_run_claimed(tmp_path):
     os._exit(1): no finally runs, so a worker started before the bind would
     leave the runs it had claimed running mid-step. A demo that could not
     start must not have touched the queue."""
-    db = tmp_path / "demo.sqlite3"
-    for argv in (("migrate", "--noinput", "-v", "0"), ("seed_demo",)):
-        done = manage(db, *argv)
-        assert done.returncode == 0, done.stdout + done.stderr
+    db = seeded(tmp_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         done = manage(db, "rundemo", f"127.0.0.1:{port}", timeout=60)
     assert done.returncode != 0 and "already in use" in done.stderr, done.stdout + done.stderr
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        running = conn.execute(
-            "SELECT name, claimed_by FROM everystep_workflow WHERE status = 'running'"
-        ).fetchall()
-    assert running == [], f"runs left running by a demo that never served: {running}"
+    assert running(db) == [], f"runs left running by a demo that never served: {running(db)}"
 
 
 def test_a_demo_stopped_with_sigterm_drains_its_worker(tmp_path):
@@ -66,10 +75,7 @@ def test_a_demo_stopped_with_sigterm_drains_its_worker(tmp_path):
 
     from tests.worker.support import wait_for
 
-    db = tmp_path / "demo.sqlite3"
-    for argv in (("migrate", "--noinput", "-v", "0"), ("seed_demo",)):
-        done = manage(db, *argv)
-        assert done.returncode == 0, done.stdout + done.stderr
+    db = seeded(tmp_path)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -90,6 +96,4 @@ def test_a_demo_stopped_with_sigterm_drains_its_worker(tmp_path):
     finally:
         demo.kill()
     assert demo.returncode == 0, output
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        running = conn.execute("SELECT name FROM everystep_workflow WHERE status = 'running'").fetchall()
-    assert running == [], f"runs left running by a demo stopped with SIGTERM: {running}\n{output}"
+    assert running(db) == [], f"runs left running by a demo stopped with SIGTERM: {running(db)}\n{output}"

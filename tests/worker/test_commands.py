@@ -196,13 +196,7 @@ def test_prune_with_the_largest_documented_batch_on_a_stock_sqlite():
         pytest.skip("SQLite's limit on bound parameters")
     connection.ensure_connection()
     connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32766)  # the stock build's
-    ended = timezone.now() - dt.timedelta(days=40)
-    Workflow.objects.bulk_create(
-        [Workflow(name="x.y", args=[], status="completed", completed_at=ended) for _ in range(33_000)],
-        batch_size=500,
-    )
-    call_command("everystep_prune", "--older-than", "30", "--batch", "100000")
-    assert not Workflow.objects.exists()
+    prune_in_one_batch(33_000)
 
 
 def test_prune_with_the_largest_documented_batch_on_postgresql_with_server_side_binding():
@@ -214,11 +208,14 @@ def test_prune_with_the_largest_documented_batch_on_postgresql_with_server_side_
 
     connection.ensure_connection()
     connection.connection.cursor_factory = ServerBindingCursor
+    prune_in_one_batch(70_000)
+
+
+def prune_in_one_batch(count: int) -> None:
+    """``count`` runs ended 40 days ago, pruned with the largest batch the docs allow."""
     ended = timezone.now() - dt.timedelta(days=40)
-    Workflow.objects.bulk_create(
-        [Workflow(name="x.y", args=[], status="completed", completed_at=ended) for _ in range(70_000)],
-        batch_size=1000,
-    )
+    runs = [Workflow(name="x.y", args=[], status="completed", completed_at=ended) for _ in range(count)]
+    Workflow.objects.bulk_create(runs, batch_size=500)
     call_command("everystep_prune", "--older-than", "30", "--batch", "100000")
     assert not Workflow.objects.exists()
 
